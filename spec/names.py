@@ -1,0 +1,94 @@
+"""Names and constants shared by spec, reference, impl and pcpcheck.
+
+This module holds vocabulary only: constants, invariant IDs and plain data types describing a
+scheduler step. It holds no behaviour, so reference/ and impl/ may import it without borrowing
+spec/'s logic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PAD_SLOT_ID = -1  # skipped by the cache-write kernel (test is `slot < 0`); slot 0 is a real slot
+
+# Row labels of the index-level view: a real token's label is its token id (>= 0).
+NO_ROW = -(2**31)  # an output row that is no input row, or a row that is missing
+
+
+def pad_label(rank: int, row: int, num_rows: int) -> int:
+    """Label of padding row `row` of rank `rank` (num_rows rows per rank): always negative."""
+    return -(1 + rank * num_rows + row)
+
+
+# Regimes a case is drawn from (pcp-semantics sections 2 and 5).
+SHARDED = "sharded"  # D = 1, decodes dealt round-robin, gather called with shard=True
+REPLICATED = "replicated"  # D = 1, decode sharding off: decodes on every rank
+DCP = "dcp"  # D = P: KV cache sharded, each rank's expanded map holds only its own tokens
+DRAFT = "draft"  # replicated speculative step: unexpanded map, every real row a decode
+DRAFT_MIXED = "draft-mixed"  # same, but the kernel counts some real rows as prefill (nd < real)
+REGIMES = (SHARDED, REPLICATED, DCP, DRAFT, DRAFT_MIXED)
+EXPANDED_REGIMES = (SHARDED, REPLICATED, DCP)
+DRAFT_REGIMES = (DRAFT, DRAFT_MIXED)
+
+# Gather branches (pcp-semantics section 5).
+BRANCH_UNEXPANDED = "A"
+BRANCH_SHARDED = "B"
+BRANCH_ALL_DECODE = "C"
+BRANCH_NO_DECODE = "D"
+BRANCH_MIXED = "E"
+
+# Invariant IDs (SPEC.md states each; spec/invariants.py holds each one's predicate).
+RETURNS = "RETURNS"
+REPLICA = "REPLICA"
+SHARD = "SHARD"
+PAIRING = "PAIRING"
+LENGTH = "LENGTH"
+UNIQUE = "UNIQUE"
+PAD_HYGIENE = "PAD_HYGIENE"
+COLLECTIVE = "COLLECTIVE"
+NO_MUTATION = "NO_MUTATION"
+# Reporting priority: a case is reported under the first ID it violates.
+INVARIANTS = (RETURNS, COLLECTIVE, NO_MUTATION, LENGTH, UNIQUE, PAD_HYGIENE, PAIRING, REPLICA, SHARD)
+
+# Precondition IDs: what makes a step well formed (a case violating one is not drawn).
+WF_SLOTS = "WF_SLOTS"  # every real token has a distinct non-negative slot (owned by one DCP rank)
+WF_LAYOUT = "WF_LAYOUT"  # per-rank rows follow the manager's layout: decodes first, W rows each
+WF_WIDTH = "WF_WIDTH"  # graph size 0 or >= max_r n_r; tensors' row count L equals the stride W
+PRECONDITIONS = (WF_SLOTS, WF_LAYOUT, WF_WIDTH)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a scheduler step, in global batch order."""
+
+    num_tokens: int  # q: tokens scheduled this step (0 allowed: the request has no rows)
+    prefilling: bool  # False: a decode (q >= 1, 1 + speculative tokens)
+    context_len: int = 0  # tokens already in the cache; this step's positions start here
+    blocks: tuple[int, ...] = ()  # block table: physical block per virtual block of B*D positions
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A scheduler step as the PCP manager sees it.
+
+    Token ids: the global token index in batch order (request order, then position), 0..N-1.
+    Every rank of a case sees the same Batch; D = P in the dcp regime, else 1.
+    """
+
+    regime: str
+    pcp_size: int  # P >= 2
+    requests: tuple[Request, ...]
+    block_size: int = 16  # B
+    interleave: int = 1  # I, cp_kv_cache_interleave_size (dcp only)
+    graph_size: int = 0  # CUDA-graph batch size per rank; 0: none (W = max_r n_r)
+    dp_pad: int = 0  # draft regimes: tensor rows past the real count (data-parallel padding)
+    pad_slot_map: bool = False  # draft regimes: unexpanded map padded with -1 to the row count
+    num_decode_tokens: int | None = None  # draft-mixed: the kernel's nd (< real count); else derived
+
+    @property
+    def dcp_size(self) -> int:
+        return self.pcp_size if self.regime == DCP else 1
+
+    @property
+    def shard_decode_requests(self) -> bool:
+        return self.regime == SHARDED
