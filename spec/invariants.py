@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from spec.names import NO_ROW
 
+INCOMPLETE = "incomplete"  # trace entry of a rank whose collective or call never completed
+
 
 def returns(errors: list[str | None]) -> bool:
     """RETURNS: on a well-formed step every rank's call returns well-typed outputs."""
@@ -18,7 +20,10 @@ def returns(errors: list[str | None]) -> bool:
 
 
 def collective_agreement(traces: list[list[tuple]]) -> bool:
-    """COLLECTIVE: every rank issues the same collectives, same count, same shapes and dtypes."""
+    """COLLECTIVE: every rank issues the same collectives, same count, same shapes and dtypes,
+    and each one completes (a real run would hang or crash otherwise)."""
+    if any(entry[0] == INCOMPLETE for trace in traces for entry in trace):
+        return False
     return all(trace == traces[0] for trace in traces)
 
 

@@ -1,0 +1,175 @@
+"""Cases: a scheduler step (spec.names.Batch) plus the tensors the gather carries.
+
+A case is plain data, serialisable to JSON, so that a counterexample replays without hypothesis
+(`pcpcheck check TARGET --replay CASE_JSON`) and can be shipped to other processes.
+Row content is a function of (tensor index, row label): the first four bytes hold the label, the
+rest are a hash of it, so any output row can be traced back to its input row bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+import reference
+from spec.names import DCP, DRAFT_MIXED, DRAFT_REGIMES, REGIMES, Batch, Request
+
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "int8": torch.int8,
+}
+if hasattr(torch, "float8_e4m3fn"):
+    DTYPES["float8_e4m3fn"] = torch.float8_e4m3fn
+
+# Trailing shapes as the callers pass them: MLA's latent (R,) and k_pe (1, R) flattened, the
+# indexer's (H,). Each row must have >= 4 bytes to carry its label.
+TRAILING_SHAPES = ((4,), (8,), (2, 4), (1, 16), (3, 2, 2))
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    trailing: tuple[int, ...]
+    dtype: str
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.trailing)) * self.torch_dtype.itemsize
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: Batch
+    tensors: tuple[TensorSpec, ...] = (TensorSpec((4,), "float32"),)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @staticmethod
+    def from_json(text: str) -> "Case":
+        data = json.loads(text)
+        batch = dict(data["batch"])
+        batch["requests"] = tuple(
+            Request(r["num_tokens"], r["prefilling"], r["context_len"], tuple(r["blocks"]))
+            for r in batch["requests"])
+        tensors = tuple(TensorSpec(tuple(t["trailing"]), t["dtype"]) for t in data["tensors"])
+        return Case(Batch(**batch), tensors)
+
+
+def row_content(labels: np.ndarray, tensor_index: int, row_bytes: int) -> np.ndarray:
+    """Bytes of the rows with these labels in tensor `tensor_index`: (n, row_bytes) uint8."""
+    labels = np.asarray(labels, dtype=np.int64)
+    out = np.empty((labels.size, row_bytes), dtype=np.uint8)
+    out[:, :4] = labels.astype("<i4").view(np.uint8).reshape(-1, 4)
+    if row_bytes > 4:
+        position = np.arange(4, row_bytes, dtype=np.uint64)
+        mixed = (labels.astype(np.uint64)[:, None] * np.uint64(0x9E3779B1)
+                 + position * np.uint64(0x85EBCA6B) + np.uint64(tensor_index * 0xC2B2AE35))
+        out[:, 4:] = ((mixed ^ (mixed >> np.uint64(15))) & np.uint64(0xFF)).astype(np.uint8)
+    return out
+
+
+def as_tensor(content: np.ndarray, spec: TensorSpec) -> torch.Tensor:
+    """Rows of bytes as a tensor of the spec's dtype and trailing shape (bit-exact)."""
+    rows = content.shape[0]
+    if rows == 0:  # a zero-row byte array cannot be viewed as a wider dtype
+        return torch.empty((0, *spec.trailing), dtype=spec.torch_dtype)
+    return torch.from_numpy(np.ascontiguousarray(content)).view(spec.torch_dtype).reshape(
+        rows, *spec.trailing)
+
+
+def as_bytes(tensor: torch.Tensor) -> np.ndarray:
+    """A tensor's rows as (rows, row_bytes) uint8, for bit-exact comparison."""
+    rows = tensor.shape[0] if tensor.dim() else 1
+    row_bytes = int(np.prod(tensor.shape[1:])) * tensor.element_size()  # explicit: rows may be 0
+    return tensor.detach().cpu().contiguous().view(torch.uint8).reshape(rows, row_bytes).numpy()
+
+
+# --- hypothesis strategies -------------------------------------------------------------------
+
+@st.composite
+def _requests(draw, regime: str, pcp_size: int, block_size: int, dcp_size: int):
+    # draft-mixed needs a real row the kernel can count as prefill
+    count = draw(st.integers(1 if regime == DRAFT_MIXED else 0, 6), label="requests")
+    block_span = block_size * dcp_size
+    next_block = draw(st.integers(0, 3), label="first block")
+    requests = []
+    for _ in range(count):
+        if regime in DRAFT_REGIMES:
+            prefilling, num_tokens = False, draw(st.integers(1, 3), label="draft tokens")
+        else:
+            prefilling = draw(st.booleans(), label="prefilling")
+            # q = 0: scheduled nothing this step; decodes carry 1 + speculative tokens.
+            num_tokens = draw(st.integers(0, 4 * pcp_size + 3) if prefilling
+                              else st.integers(0, 3), label="tokens")
+        context_len = draw(st.integers(0, 2 * block_span), label="context")
+        end = context_len + num_tokens
+        num_blocks = -(-end // block_span)
+        requests.append(Request(num_tokens, prefilling, context_len,
+                                tuple(range(next_block, next_block + num_blocks))))
+        next_block += num_blocks
+    if draw(st.booleans(), label="reverse block order"):
+        top = next_block - 1
+        requests = [dataclasses.replace(r, blocks=tuple(top - b for b in r.blocks))
+                    for r in requests]
+    return tuple(requests)
+
+
+@st.composite
+def cases(draw, regimes=REGIMES, max_ranks: int = 8) -> Case:
+    """Well-formed cases: every precondition of SPEC.md (WF_*) holds by construction."""
+    regime = draw(st.sampled_from(regimes), label="regime")
+    pcp_size = draw(st.integers(2, max_ranks), label="P")
+    dcp_size = pcp_size if regime == DCP else 1
+    block_size = draw(st.sampled_from((1, 2, 4, 16)), label="block size")
+    interleave = draw(st.sampled_from((1, 2)), label="interleave") if regime == DCP else 1
+    if regime == DCP and block_size % interleave:
+        interleave = 1
+    requests = draw(_requests(regime, pcp_size, block_size, dcp_size))
+    batch = Batch(regime, pcp_size, requests, block_size, interleave)
+    if regime in DRAFT_REGIMES:
+        real = sum(r.num_tokens for r in requests)
+        nd = draw(st.integers(0, real - 1), label="kernel nd") if regime == DRAFT_MIXED else None
+        batch = dataclasses.replace(
+            batch, num_decode_tokens=nd,
+            dp_pad=draw(st.integers(0, 3), label="DP padding"),
+            pad_slot_map=draw(st.booleans(), label="map padded to rows"))
+    elif draw(st.booleans(), label="graph padding"):
+        widest = int(reference.layout(batch).counts.max(initial=0))
+        batch = dataclasses.replace(
+            batch, graph_size=widest + draw(st.integers(1, 3), label="graph extra rows"))
+    specs = draw(st.lists(st.builds(TensorSpec, st.sampled_from(TRAILING_SHAPES),
+                                    st.sampled_from(sorted(DTYPES))),
+                          min_size=1, max_size=3), label="tensors")
+    return Case(batch, tuple(specs))
+
+
+def describe(case: Case) -> str:
+    """One line a reviewer reads: regime, ranks, requests."""
+    batch = case.batch
+    parts = [f"{'prefill' if r.prefilling else 'decode'}({r.num_tokens}"
+             + (f", ctx {r.context_len}" if r.context_len else "") + ")" for r in batch.requests]
+    extra = []
+    if batch.graph_size:
+        extra.append(f"graph size {batch.graph_size}")
+    if batch.regime in DRAFT_REGIMES:
+        extra.append(f"dp_pad {batch.dp_pad}")
+        if batch.pad_slot_map:
+            extra.append("map padded")
+        if batch.num_decode_tokens is not None:
+            extra.append(f"nd {batch.num_decode_tokens}")
+    if batch.regime == DCP and batch.interleave > 1:
+        extra.append(f"interleave {batch.interleave}")
+    return (f"{batch.regime}, P={batch.pcp_size}, B={batch.block_size}: [" + ", ".join(parts)
+            + "]" + ("; " + ", ".join(extra) if extra else ""))
+

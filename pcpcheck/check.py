@@ -1,0 +1,208 @@
+"""One case end to end: build every rank's inputs, run the target, observe, judge.
+
+The layout and the expected caches come from the numpy reference; the verdicts come from the
+predicates of spec/invariants.py, evaluated on the index-level observation (rows as labels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+import reference
+import spec.invariants as inv
+from pcpcheck.cases import Case, as_bytes, as_tensor, row_content
+from spec import model
+from spec.names import (COLLECTIVE, INVARIANTS, LENGTH, NO_MUTATION, NO_ROW, PAD_HYGIENE,
+                        PAIRING, REPLICA, RETURNS, SHARD, UNIQUE)
+
+
+@dataclass
+class Prepared:
+    """Everything derived from a case before the target runs."""
+
+    case: Case
+    tokens: np.ndarray  # (P, L) input row labels
+    sources: list[list[np.ndarray]]  # [rank][tensor] pristine input bytes (L, row_bytes)
+    slot_maps: list[np.ndarray]
+    nds: list[int]
+    shard: bool
+    expected: list[dict[int, int]]  # per rank: slot -> token
+
+    @property
+    def size(self) -> int:
+        return self.case.batch.pcp_size
+
+    def inputs(self, rank: int):
+        """Fresh tensors for one rank's call (the sources stay pristine for NO_MUTATION)."""
+        tensors = tuple(as_tensor(source.copy(), spec)
+                        for source, spec in zip(self.sources[rank], self.case.tensors))
+        return tensors, torch.from_numpy(self.slot_maps[rank].copy()), self.nds[rank]
+
+
+def prepare(case: Case) -> Prepared:
+    layout = reference.layout(case.batch)
+    tokens = np.asarray(layout.tokens, dtype=np.int64).reshape(case.batch.pcp_size, -1)
+    sources = [[row_content(tokens[rank], k, spec.row_bytes) for k, spec in enumerate(case.tensors)]
+               for rank in range(case.batch.pcp_size)]
+    expected = [dict(zip(slots.tolist(), toks.tolist()))
+                for slots, toks in reference.expected_caches(case.batch)]
+    return Prepared(case, tokens, sources, [np.asarray(m, dtype=np.int64) for m in layout.slot_maps],
+                    [int(n) for n in layout.num_decode_tokens], bool(layout.shard), expected)
+
+
+@dataclass
+class RankView:
+    """What one rank did, at the index level."""
+
+    error: str | None = None  # the target's exception or a malformed return, one line
+    error_detail: str | None = None
+    rows: list[list[int]] = field(default_factory=list)  # per tensor: output row labels
+    slots: list[int] = field(default_factory=list)
+    caches: list[dict[int, int]] = field(default_factory=list)  # per tensor, after the kernel
+    trace: list[tuple] = field(default_factory=list)
+    inputs_before: list[bytes] = field(default_factory=list)  # each input's content
+    inputs_after: list[bytes] = field(default_factory=list)
+
+    @property
+    def mutated(self) -> list[str]:
+        """Names of the inputs the call changed in place."""
+        names = [f"tensors[{k}]" for k in range(len(self.inputs_before) - 1)] + ["slot_mapping"]
+        return [name for name, before, after in zip(names, self.inputs_before, self.inputs_after)
+                if before != after]
+
+
+@dataclass
+class Violation:
+    invariant: str
+    ranks: list[int]
+    detail: str
+
+
+@dataclass
+class Observation:
+    prepared: Prepared
+    ranks: list[RankView]
+    violations: list[Violation]
+    checked: tuple[str, ...]  # invariant IDs evaluated on this case
+
+
+def decode_rows(tensor: torch.Tensor, tensor_index: int, valid: np.ndarray) -> list[int]:
+    """Labels of a tensor's rows: the input row each one is, bit for bit, else NO_ROW."""
+    rows = as_bytes(tensor)
+    if rows.shape[0] == 0:
+        return []
+    claimed = rows[:, :4].copy().view("<i4").reshape(-1).astype(np.int64)
+    genuine = (row_content(claimed, tensor_index, rows.shape[1]) == rows).all(axis=1)
+    genuine &= np.isin(claimed, valid)
+    return np.where(genuine, claimed, NO_ROW).tolist()
+
+
+def observe_rank(prepared: Prepared, rank: int, outcome) -> RankView:
+    view = RankView(error=outcome.error, error_detail=outcome.error_detail, trace=outcome.trace)
+    specs = prepared.case.tensors
+    if view.error is None and not _incomplete(outcome.trace):
+        problem = _malformed(outcome.value, specs)
+        if problem:
+            view.error = f"returned {problem}"
+        else:
+            tensors, slots = outcome.value
+            valid = prepared.tokens.reshape(-1)
+            view.rows = [decode_rows(t, k, valid) for k, t in enumerate(tensors)]
+            view.slots = slots.tolist()
+    if not view.rows:
+        view.rows = [[] for _ in specs]
+    view.caches = [model.write(rows, view.slots) for rows in view.rows]
+    return view
+
+
+def _incomplete(trace) -> bool:
+    return any(entry[0] == inv.INCOMPLETE for entry in trace)
+
+
+def _malformed(value, specs) -> str | None:
+    """Why a return value is not (tuple of tensors like the inputs, 1-D integer slot tensor)."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        return f"{type(value).__name__}, not a pair (tensors, slot_mapping)"
+    tensors, slots = value
+    if not isinstance(tensors, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in tensors):
+        return f"{type(tensors).__name__} as tensors, not a tuple of tensors"
+    if len(tensors) != len(specs):
+        return f"{len(tensors)} tensor(s) for {len(specs)} input(s)"
+    for k, (tensor, spec) in enumerate(zip(tensors, specs)):
+        if tensor.dtype != spec.torch_dtype or tuple(tensor.shape[1:]) != spec.trailing:
+            return (f"tensor {k} as {tensor.dtype} {tuple(tensor.shape)}; it went in as "
+                    f"{spec.torch_dtype} (L, {', '.join(map(str, spec.trailing))})")
+    if not isinstance(slots, torch.Tensor) or slots.dim() != 1 or slots.dtype.is_floating_point \
+            or slots.dtype == torch.bool or slots.is_complex():
+        return f"slot_mapping as {type(slots).__name__} {getattr(slots, 'dtype', '')}, not a 1-D integer tensor"
+    return None
+
+
+def record_inputs(prepared: Prepared, rank: int, inputs, view: RankView) -> None:
+    """Input contents before (the pristine sources) and after the call, for NO_MUTATION."""
+    tensors, slots, _ = inputs
+    view.inputs_before = [src.tobytes() for src in prepared.sources[rank]]
+    view.inputs_before.append(prepared.slot_maps[rank].tobytes())
+    view.inputs_after = [as_bytes(t).tobytes() for t in tensors] + [slots.numpy().tobytes()]
+
+
+def judge(prepared: Prepared, views: list[RankView]) -> tuple[list[Violation], tuple[str, ...]]:
+    """Evaluate every applicable predicate; violations in priority order (spec.names.INVARIANTS)."""
+    failed: dict[str, list[int]] = {}
+
+    def require(invariant: str, holds: bool, rank: int) -> None:
+        if not holds:
+            failed.setdefault(invariant, []).append(rank)
+
+    ranks = range(prepared.size)
+    for rank, view in zip(ranks, views):
+        require(RETURNS, inv.returns([view.error]), rank)
+        require(NO_MUTATION, inv.no_input_mutation(view.inputs_before, view.inputs_after), rank)
+        require(LENGTH, inv.length_agreement(view.rows, view.slots), rank)
+        require(UNIQUE, inv.uniqueness(view.slots), rank)
+        owner = prepared.expected[rank]
+        for rows in view.rows:
+            require(PAD_HYGIENE, inv.pad_hygiene(rows, view.slots), rank)
+            require(PAIRING, inv.pairing(owner, rows, view.slots), rank)
+    traces = [view.trace for view in views]
+    if not inv.collective_agreement(traces):
+        failed[COLLECTIVE] = [r for r in ranks if traces[r] != traces[0] or _incomplete(traces[r])] or [0]
+    sharded_cache = prepared.case.batch.dcp_size > 1
+    cache_invariant = SHARD if sharded_cache else REPLICA
+    for k in range(len(prepared.case.tensors)):
+        caches = [view.caches[k] for view in views]
+        holds = (inv.shard(prepared.expected, caches, _tokens(prepared)) if sharded_cache
+                 else inv.replica(prepared.expected[0], caches))
+        if not holds:
+            bad = [r for r in ranks if caches[r] != prepared.expected[r]]
+            failed[cache_invariant] = sorted(set(failed.get(cache_invariant, [])) | set(bad))
+    checked = tuple(i for i in INVARIANTS if i != (REPLICA if sharded_cache else SHARD))
+    violations = [Violation(i, sorted(set(failed[i])), "") for i in INVARIANTS if i in failed]
+    return violations, checked
+
+
+def _tokens(prepared: Prepared) -> list[int]:
+    return sorted({int(t) for t in prepared.tokens.reshape(-1) if t >= 0})
+
+
+def run_case(case: Case, target, runner) -> Observation:
+    """Run the target on every rank of the case and judge what it did."""
+    prepared = prepare(case)
+    inputs = [prepared.inputs(rank) for rank in range(prepared.size)]
+    shard = prepared.shard
+
+    def call(rank: int):
+        tensors, slots, nd = inputs[rank]
+        return target.call(tensors, slots, nd, shard)
+
+    outcomes = runner.run(prepared.size, call)
+    views = []
+    for rank, outcome in enumerate(outcomes):
+        view = observe_rank(prepared, rank, outcome)
+        record_inputs(prepared, rank, inputs[rank], view)
+        views.append(view)
+    violations, checked = judge(prepared, views)
+    return Observation(prepared, views, violations, checked)

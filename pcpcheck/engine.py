@@ -1,0 +1,91 @@
+"""The search: hypothesis draws cases per regime, every case is judged, violations are shrunk.
+
+Each invariant gets its own exception class, so hypothesis treats violations of different
+invariants as different bugs and shrinks each to its own minimal case (report_multiple_bugs).
+A case is reported under the first invariant it violates (spec.names.INVARIANTS order).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+
+from pcpcheck.cases import Case, cases
+from pcpcheck.check import Observation, run_case
+from spec.names import INVARIANTS
+
+
+class InvariantViolated(Exception):
+    """Raised inside the hypothesis test; carries the observation of the failing case."""
+
+    def __init__(self, observation: Observation):
+        self.observation = observation
+        first = observation.violations[0]
+        super().__init__(f"{first.invariant} violated on rank(s) {first.ranks}")
+
+
+_VIOLATION_TYPES = {i: type(f"{i}Violated", (InvariantViolated,), {}) for i in INVARIANTS}
+
+
+class CheckerError(Exception):
+    """pcpcheck itself failed (not the target): a bug to report, never a verdict."""
+
+
+@dataclass
+class RegimeResult:
+    regime: str
+    cases: int = 0
+    checked: Counter = field(default_factory=Counter)  # invariant -> cases evaluated
+    violated: Counter = field(default_factory=Counter)  # invariant -> cases violating it
+    counterexamples: list[Observation] = field(default_factory=list)  # shrunk, one per invariant
+    seconds: float = 0.0
+
+
+def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8,
+           derandomize: bool = True, seed: int | None = None) -> RegimeResult:
+    """Check `target` on up to max_examples drawn cases of one regime, shrinking violations."""
+    result = RegimeResult(regime)
+
+    @settings(max_examples=max_examples, deadline=None, database=None, derandomize=derandomize,
+              report_multiple_bugs=True, verbosity=Verbosity.quiet, print_blob=False,
+              phases=(Phase.explicit, Phase.generate, Phase.shrink),
+              suppress_health_check=list(HealthCheck))
+    @given(case=cases(regimes=(regime,), max_ranks=max_ranks))
+    def check(case: Case) -> None:
+        observation = run_case(case, target, runner)
+        result.cases += 1
+        result.checked.update(observation.checked)
+        result.violated.update(v.invariant for v in observation.violations)
+        if observation.violations:
+            raise _VIOLATION_TYPES[observation.violations[0].invariant](observation)
+
+    if seed is not None and not derandomize:
+        check = _seeded(check, seed)
+    started = time.perf_counter()
+    try:
+        check()
+    except InvariantViolated as exc:
+        result.counterexamples.append(exc.observation)
+    except BaseExceptionGroup as group:
+        rest = []
+        for exc in group.exceptions:
+            (result.counterexamples if isinstance(exc, InvariantViolated) else rest).append(
+                exc.observation if isinstance(exc, InvariantViolated) else exc)
+        if rest:
+            raise CheckerError(f"pcpcheck failed while checking: {rest[0]!r}") from rest[0]
+    result.seconds = time.perf_counter() - started
+    result.counterexamples.sort(key=lambda o: INVARIANTS.index(o.violations[0].invariant))
+    return result
+
+
+def _seeded(test, seed: int):
+    from hypothesis import seed as hypothesis_seed
+    return hypothesis_seed(seed)(test)
+
+
+def replay(case: Case, target, runner) -> Observation:
+    """Judge one given case (a counterexample's JSON) without drawing anything."""
+    return run_case(case, target, runner)
