@@ -14,6 +14,7 @@ import torch
 import reference
 import spec.invariants as inv
 from pcpcheck.cases import Case, as_bytes, as_tensor, row_content
+from pcpcheck.rankctx import current_group
 from spec import model
 from spec.names import (COLLECTIVE, INVARIANTS, LENGTH, NO_MUTATION, NO_ROW, PAD_HYGIENE,
                         PAIRING, REPLICA, RETURNS, SHARD, UNIQUE)
@@ -98,6 +99,23 @@ def decode_rows(tensor: torch.Tensor, tensor_index: int, valid: np.ndarray) -> l
     genuine = (row_content(claimed, tensor_index, rows.shape[1]) == rows).all(axis=1)
     genuine &= np.isin(claimed, valid)
     return np.where(genuine, claimed, NO_ROW).tolist()
+
+
+def blank_cache(spec, tensor_index: int, num_blocks: int, block_size: int) -> torch.Tensor:
+    """A cache (num_blocks, B, *trailing) whose every slot holds the never-written marker: the
+    content of label NO_ROW, which is no input row, so a written slot always differs from it."""
+    marker = row_content(np.array([NO_ROW]), tensor_index, spec.row_bytes)
+    content = np.broadcast_to(marker, (num_blocks * block_size, spec.row_bytes))
+    return as_tensor(content.copy(), spec).reshape(num_blocks, block_size, *spec.trailing)
+
+
+def cache_labels(cache: torch.Tensor, tensor_index: int, valid: np.ndarray) -> dict[int, int]:
+    """A cache tensor at the index level: slot -> label of every slot that was written."""
+    rows = as_bytes(cache.reshape(-1, *cache.shape[2:]))
+    marker = row_content(np.array([NO_ROW]), tensor_index, rows.shape[1])
+    written = np.flatnonzero(~(rows == marker).all(axis=1))
+    labels = decode_rows(cache.reshape(-1, *cache.shape[2:])[written], tensor_index, valid)
+    return dict(zip(written.tolist(), labels))
 
 
 def observe_rank(prepared: Prepared, rank: int, outcome) -> RankView:
@@ -196,7 +214,7 @@ def run_case(case: Case, target, runner) -> Observation:
 
     def call(rank: int):
         tensors, slots, nd = inputs[rank]
-        return target.call(tensors, slots, nd, shard)
+        return target.call(tensors, slots, nd, shard, group=current_group())
 
     outcomes = runner.run(prepared.size, call)
     views = []

@@ -41,7 +41,8 @@ class RegimeResult:
     checked: Counter = field(default_factory=Counter)  # invariant -> cases evaluated
     violated: Counter = field(default_factory=Counter)  # invariant -> cases violating it
     counterexamples: list[Observation] = field(default_factory=list)  # shrunk, one per invariant
-    seconds: float = 0.0
+    seconds: float = 0.0  # wall time of the whole search
+    check_seconds: float = 0.0  # of which running and judging cases (drawing excluded)
 
 
 def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8,
@@ -55,7 +56,9 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
               suppress_health_check=list(HealthCheck))
     @given(case=cases(regimes=(regime,), max_ranks=max_ranks))
     def check(case: Case) -> None:
+        started = time.perf_counter()
         observation = run_case(case, target, runner)
+        result.check_seconds += time.perf_counter() - started
         result.cases += 1
         result.checked.update(observation.checked)
         result.violated.update(v.invariant for v in observation.violations)

@@ -1,0 +1,24 @@
+"""impl: torch implementation of vLLM's PCP KV-cache gather (drop-in signature).
+
+Imports only torch and ``spec.names``-level constants; states the behaviour independently of
+spec/ and reference/.
+"""
+
+from .cache import write_kv_cache
+from .gather import gather_prefill_cache_inputs, select_branch, validate_gather_inputs
+from .indexer import gather_indexer_cache_inputs
+from .mla import gather_mla_cache_inputs
+from .parallel_state import ProcessGroupAdapter, as_group, get_pcp_group, set_pcp_group
+
+__all__ = [
+    "ProcessGroupAdapter",
+    "as_group",
+    "gather_indexer_cache_inputs",
+    "gather_mla_cache_inputs",
+    "gather_prefill_cache_inputs",
+    "get_pcp_group",
+    "select_branch",
+    "set_pcp_group",
+    "validate_gather_inputs",
+    "write_kv_cache",
+]

@@ -1,0 +1,3 @@
+from pcpcheck.cli import main
+
+raise SystemExit(main())

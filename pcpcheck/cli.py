@@ -1,0 +1,189 @@
+"""pcpcheck's command line.
+
+    pcpcheck                          check the bundled implementation in every regime
+    pcpcheck check TARGET [options]   check a pcp.py file, a module:function, or `impl`
+    pcpcheck diff OLD NEW [options]   run two versions on the same cases, report where they differ
+
+Exit codes: 0 every invariant holds (diff: no difference), 1 a violation (diff: a difference),
+2 a usage or load error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from pcpcheck import report
+from pcpcheck.cases import Case
+from pcpcheck.engine import CheckerError, search
+from pcpcheck.loader import LoadError, load_target
+from pcpcheck.runner import ThreadRunner
+from spec.names import REGIMES
+
+EXIT_HOLDS, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
+DEFAULT_MAX_EXAMPLES = 1000
+
+
+class UsageError(Exception):
+    """Bad arguments: one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would exit itself; we want one line and exit 2
+        raise UsageError(message)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text}")
+    return value
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--function", help="name of the gather function in the target file")
+    parser.add_argument("--regime", action="append", choices=REGIMES, metavar="REGIME",
+                        help=f"regime to check, repeatable (default: all of {', '.join(REGIMES)})")
+    parser.add_argument("--max-examples", type=_positive_int, default=DEFAULT_MAX_EXAMPLES,
+                        help="cases drawn per regime (default %(default)s)")
+    parser.add_argument("--max-ranks", type=int, default=8,
+                        help="largest PCP size P drawn, 2..8 (default %(default)s)")
+    parser.add_argument("--seed", type=int, help="random seed (default: derandomized, repeatable)")
+    parser.add_argument("--timeout", type=float, default=10.0,
+                        help="seconds a rank may take for one case before it counts as hung")
+    parser.add_argument("--json", metavar="FILE", help="write the verdict as JSON for CI")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="pcpcheck", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", parser_class=_Parser)
+    check = commands.add_parser("check", help="check a gather implementation against the spec")
+    check.add_argument("target", nargs="?", default="impl",
+                       help="a .py file, module:function, or impl (the bundled one, default)")
+    _add_common(check)
+    check.add_argument("--repro-dir", metavar="DIR",
+                       help="write a standalone pytest reproducer per violation into DIR")
+    check.add_argument("--replay", metavar="CASE_JSON",
+                       help="judge this one case (as printed in a counterexample's replay line)")
+    diff = commands.add_parser("diff", help="compare two versions of the gather on the same cases")
+    diff.add_argument("old")
+    diff.add_argument("new")
+    _add_common(diff)
+    return parser
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    if not argv or argv[0] not in ("check", "diff", "-h", "--help"):
+        argv = ["check", *argv]
+    args = _parser().parse_args(argv)
+    if not 2 <= args.max_ranks <= 8:
+        raise UsageError(f"--max-ranks must be between 2 and 8, got {args.max_ranks}")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout}")
+    args.regimes = tuple(dict.fromkeys(args.regime)) if args.regime else REGIMES
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parse(argv)
+        if args.command == "diff":
+            from pcpcheck.diff import run_diff
+            return run_diff(args)
+        return run_check(args)
+    except UsageError as exc:
+        print(f"pcpcheck: usage error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except LoadError as exc:
+        print(f"pcpcheck: cannot load target: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except CheckerError as exc:
+        print(f"pcpcheck: internal error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def run_check(args) -> int:
+    target = load_target(args.target, args.function)
+    runner = ThreadRunner(timeout=args.timeout)
+    print(f"pcpcheck: checking {target.name}")
+    if target.stand_ins:
+        print(f"  stood in for: {', '.join(target.stand_ins)}")
+    if args.replay:
+        return _replay(args, target, runner)
+    results = []
+    for regime in args.regimes:
+        result = search(target, regime, runner, max_examples=args.max_examples,
+                        max_ranks=args.max_ranks, derandomize=args.seed is None, seed=args.seed)
+        results.append(result)
+        print(f"  {regime:<12} {report.rates(result)}  "
+              f"{'VIOLATED' if result.counterexamples else 'holds'}", flush=True)
+    print()
+    print("\n".join(report.verdict_table(results)))
+    counterexamples = [(r.regime, o) for r in results for o in r.counterexamples]
+    for index, (regime, observation) in enumerate(counterexamples, 1):
+        print(f"\nCounterexample {index}: "
+              + report.counterexample(observation, regime, target.source, args.function))
+    written = _write_repros(args, target, counterexamples) if counterexamples else []
+    print(f"\nall regimes: {report.rates(*results)}: "
+          + (f"{len(counterexamples)} violation(s)" if counterexamples else "every invariant holds"))
+    if args.json:
+        _write_json(args.json, target, results, counterexamples, args.function, written)
+    return EXIT_VIOLATION if counterexamples else EXIT_HOLDS
+
+
+def _replay(args, target, runner) -> int:
+    from pcpcheck.check import run_case
+    try:
+        case = Case.from_json(args.replay)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"--replay is not a case printed by pcpcheck: {exc}") from None
+    observation = run_case(case, target, runner)
+    if not observation.violations:
+        print(f"  replayed case holds: every invariant of {', '.join(observation.checked)}")
+        return EXIT_HOLDS
+    print(report.counterexample(observation, case.batch.regime, target.source, args.function))
+    return EXIT_VIOLATION
+
+
+def _write_repros(args, target, counterexamples) -> list[str]:
+    if not getattr(args, "repro_dir", None):
+        return []
+    from pcpcheck.repro import write_reproducer
+    return [write_reproducer(args.repro_dir, target, regime, observation, args.function)
+            for regime, observation in counterexamples]
+
+
+def _write_json(path, target, results, counterexamples, function, repros) -> None:
+    document = {
+        "target": target.source,
+        "verdict": "violated" if counterexamples else "holds",
+        "regimes": {
+            r.regime: {
+                "cases": r.cases,
+                "seconds": round(r.seconds, 3),
+                "invariants": {i: {"checked": r.checked[i], "violated": r.violated[i]}
+                               for i in r.checked},
+            } for r in results},
+        "counterexamples": [{
+            "invariant": o.violations[0].invariant,
+            "ranks": o.violations[0].ranks,
+            "also_violated": [v.invariant for v in o.violations[1:]],
+            "regime": regime,
+            "case": json.loads(o.prepared.case.to_json()),
+            "replay": report.replay_command(target.source, o, function),
+            "report": report.counterexample(o, regime, target.source, function),
+        } for regime, o in counterexamples],
+        "reproducers": repros,
+    }
+    with open(path, "w") as handle:
+        json.dump(document, handle, indent=2)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,283 @@
+"""Token layout of the PCP manager and the DCP slot formula (pcp-semantics sections 2 and 3).
+
+Vectorised numpy. Imports only the shared vocabulary `spec.names`: this is an independent
+statement of the behaviour, not a re-export of spec/model.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from spec.names import (
+    DRAFT,
+    DRAFT_MIXED,
+    DRAFT_REGIMES,
+    EXPANDED_REGIMES,
+    PAD_SLOT_ID,
+    SHARDED,
+    Batch,
+)
+
+_I64 = np.int64
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """Per-rank rows and slot maps of one step.
+
+    width: W (expanded regimes) or L (draft regimes); num_rows: L, the rows of every rank's tensors.
+    counts (P,): real rows per rank. gidx/wmask (P*W,): expanded index and write mask, rank-major
+    (None for draft regimes). tokens (P, L): row labels (token id, or pad_label(r, j, L)).
+    slot_maps: the slot mapping each rank passes to the gather. num_decode_tokens: nd per rank.
+    shard: the gather's shard_decode_requests.
+    """
+
+    width: int
+    num_rows: int
+    counts: np.ndarray
+    gidx: np.ndarray | None
+    wmask: np.ndarray | None
+    tokens: np.ndarray
+    slot_maps: list
+    num_decode_tokens: list
+    shard: bool
+
+
+# ---------------------------------------------------------------------------------------------
+# Section 3: global slot mapping
+
+
+def _token_requests(batch: Batch):
+    """(q per request, global start per request, request of each token, position of each token)."""
+    reqs = batch.requests
+    q = np.fromiter((r.num_tokens for r in reqs), dtype=_I64, count=len(reqs))
+    if q.size and q.min() < 0:
+        raise ValueError("a request has a negative num_tokens")
+    ctx = np.fromiter((r.context_len for r in reqs), dtype=_I64, count=len(reqs))
+    ends = np.cumsum(q)
+    starts = ends - q
+    n = int(ends[-1]) if q.size else 0
+    req_of = np.repeat(np.arange(len(reqs), dtype=_I64), q)
+    pos = np.arange(n, dtype=_I64) + np.repeat(ctx - starts, q)
+    return q, starts, req_of, pos
+
+
+def _owner_and_slot(batch: Batch):
+    """For every token: its DCP owner and its slot in the owner's cache (section 3)."""
+    bs, dd, il = batch.block_size, batch.dcp_size, batch.interleave
+    if bs <= 0 or dd <= 0 or il <= 0:
+        raise ValueError("block_size, dcp size and interleave must be positive")
+    _, _, req_of, pos = _token_requests(batch)
+    span = bs * dd
+    vb = pos // span
+    off = pos % span
+    owner = (off // il) % dd
+    local = (off // (il * dd)) * il + off % il
+    nblocks = np.fromiter((len(r.blocks) for r in batch.requests), dtype=_I64,
+                          count=len(batch.requests))
+    if pos.size:
+        if np.any(vb >= nblocks[req_of]):
+            bad = int(req_of[np.argmax(vb >= nblocks[req_of])])
+            raise ValueError(f"request {bad}: block table too short for its positions")
+        flat = np.fromiter((b for r in batch.requests for b in r.blocks), dtype=_I64,
+                           count=int(nblocks.sum()))
+        base = np.cumsum(nblocks) - nblocks
+        slot = flat[base[req_of] + vb] * bs + local
+    else:
+        slot = np.zeros(0, dtype=_I64)
+    return owner, slot
+
+
+def global_slots(batch: Batch, dcp_rank: int) -> np.ndarray:
+    """Global slot mapping S as seen by DCP rank `dcp_rank` (N,), int64; -1 where not owned."""
+    if not 0 <= dcp_rank < batch.dcp_size:
+        raise ValueError(f"dcp_rank {dcp_rank} outside 0..{batch.dcp_size - 1}")
+    owner, slot = _owner_and_slot(batch)
+    return np.where(owner == dcp_rank, slot, PAD_SLOT_ID).astype(_I64, copy=False)
+
+
+def _all_global_slots(batch: Batch, slots) -> list:
+    """S_d for every DCP rank d, from the formula or the caller's override."""
+    dd = batch.dcp_size
+    n = sum(r.num_tokens for r in batch.requests)
+    if slots is None:
+        owner, slot = _owner_and_slot(batch)
+        if dd == 1:
+            return [slot]
+        return [np.where(owner == d, slot, PAD_SLOT_ID) for d in range(dd)]
+    single = (isinstance(slots, np.ndarray) and slots.ndim == 1) or (
+        isinstance(slots, (list, tuple)) and (len(slots) == 0 or np.ndim(slots[0]) == 0)
+    )
+    if single:
+        if dd != 1:
+            raise ValueError("a single slot array is only accepted when D = 1")
+        slots = [slots]
+    out = [np.asarray(s, dtype=_I64) for s in slots]
+    if len(out) != dd:
+        raise ValueError(f"expected {dd} per-DCP-rank slot arrays, got {len(out)}")
+    for s in out:
+        if s.shape != (n,):
+            raise ValueError(f"slot array of shape {s.shape}, expected ({n},)")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Section 2: layout
+
+
+def expand_slot_mapping(gidx, wmask, slots) -> np.ndarray:
+    """E = where(wmask, slots[gidx], -1), int64 (masked-off entries never index `slots`)."""
+    gidx = np.asarray(gidx, dtype=_I64)
+    wmask = np.asarray(wmask, dtype=bool)
+    slots = np.asarray(slots, dtype=_I64)
+    if gidx.shape != wmask.shape:
+        raise ValueError("gidx and wmask differ in shape")
+    out = np.full(gidx.shape, PAD_SLOT_ID, dtype=_I64)
+    out[wmask] = slots[gidx[wmask]]
+    return out
+
+
+def layout(batch: Batch, slots=None) -> Layout:
+    """The PCP manager's layout of `batch` (section 2) and each rank's gather inputs.
+
+    slots: optional override of the global slot mapping: a list of per-DCP-rank (N,) arrays, or
+    one array when D = 1. Default: section 3's formula.
+    """
+    if batch.pcp_size < 1:
+        raise ValueError("pcp_size must be >= 1")
+    if batch.regime in DRAFT_REGIMES:
+        return _draft_layout(batch, slots)
+    if batch.regime not in EXPANDED_REGIMES:
+        raise ValueError(f"unknown regime {batch.regime!r}")
+    pp = batch.pcp_size
+    two_p = 2 * pp
+    dd = batch.dcp_size
+    sharded = batch.regime == SHARDED
+    # Segments (first token id, length, written?) per rank, decode rows first, then prefill rows;
+    # each list is built in request order and, within a request, chunk-start order, which is the
+    # row order (is_prefilling, request index, chunk start). A few tuples per request: plain Python
+    # is faster than numpy at this size.
+    dec = [[] for _ in range(pp)]
+    pre = [[] for _ in range(pp)]
+    start = 0
+    ordinal = 0
+    for request in batch.requests:
+        q = request.num_tokens
+        if q < 0:
+            raise ValueError("a request has a negative num_tokens")
+        if q == 0:
+            continue
+        c = -(-q // two_p)
+        target = pre if request.prefilling else dec
+        if not request.prefilling or (dd > 1 and (two_p - 1) * c >= q):  # replicated
+            if sharded:  # one owner, round robin over replicated requests with rows
+                target[ordinal % pp].append((start, q, True))
+                ordinal += 1
+            else:  # every rank; rank 0 is the canonical writer
+                for r in range(pp):
+                    target[r].append((start, q, r == 0))
+        else:  # split prefill: head chunk r, tail chunk 2P-1-r, empty chunks dropped
+            for r in range(pp):
+                rows = target[r]
+                lo = r * c
+                if lo < q:
+                    rows.append((start + lo, min(c, q - lo), True))
+                lo = (two_p - 1 - r) * c
+                if lo < q:
+                    rows.append((start + lo, min(c, q - lo), True))
+        start += q
+    segs = []
+    seg_rank_l = []
+    nds = []
+    for r in range(pp):
+        segs += dec[r]
+        segs += pre[r]
+        seg_rank_l += [r] * (len(dec[r]) + len(pre[r]))
+        nds.append(sum(seg[1] for seg in dec[r]))
+    if segs:
+        seg_arr = np.array(segs, dtype=_I64)
+        seg_tok, seg_len, seg_write = seg_arr[:, 0], seg_arr[:, 1], seg_arr[:, 2].astype(bool)
+    else:
+        seg_tok = seg_len = np.zeros(0, dtype=_I64)
+        seg_write = np.zeros(0, dtype=bool)
+    seg_rank = np.array(seg_rank_l, dtype=_I64)
+
+    counts = np.bincount(seg_rank, weights=seg_len, minlength=pp).astype(_I64)
+    nmax = int(counts.max()) if pp else 0
+    graph = batch.graph_size
+    if graph < 0:
+        raise ValueError("graph_size must be >= 0")
+    if 0 < graph < nmax:
+        raise ValueError(f"graph_size {graph} below the largest rank-local count {nmax}")
+    width = max(nmax, graph)
+
+    seg_excl = np.cumsum(seg_len) - seg_len  # first row of each segment, over all ranks
+    rank_base = np.cumsum(counts) - counts
+    total = int(counts.sum())
+    ar = np.arange(total, dtype=_I64)
+    tok = ar + np.repeat(seg_tok - seg_excl, seg_len)
+    dest = ar + np.repeat(seg_rank * width - rank_base[seg_rank], seg_len)
+
+    size = pp * width
+    gidx = np.zeros(size, dtype=_I64)
+    gidx[dest] = tok
+    wmask = np.zeros(size, dtype=bool)
+    wmask[dest] = np.repeat(seg_write, seg_len)
+    labels = -1 - np.arange(size, dtype=_I64)  # pad_label(r, j, W) == -(1 + r*W + j)
+    labels[dest] = tok
+    per_dcp = _all_global_slots(batch, slots)
+    if dd == 1:
+        e = expand_slot_mapping(gidx, wmask, per_dcp[0])
+        slot_maps = [e] + [e.copy() for _ in range(pp - 1)]
+    else:
+        slot_maps = [expand_slot_mapping(gidx, wmask, per_dcp[r]) for r in range(pp)]
+    return Layout(
+        width=width,
+        num_rows=width,
+        counts=counts,
+        gidx=gidx,
+        wmask=wmask,
+        tokens=labels.reshape(pp, width),
+        slot_maps=slot_maps,
+        num_decode_tokens=nds,
+        shard=sharded,
+    )
+
+
+def _draft_layout(batch: Batch, slots) -> Layout:
+    """Replicated speculative step: every rank the same rows in batch order, unexpanded map."""
+    if any(r.prefilling for r in batch.requests):
+        raise ValueError("draft regimes hold decodes only (a request is prefilling)")
+    if batch.dcp_size != 1:
+        raise ValueError("draft regimes run with D = 1")
+    if batch.dp_pad < 0:
+        raise ValueError("dp_pad must be >= 0")
+    pp = batch.pcp_size
+    n = sum(r.num_tokens for r in batch.requests)
+    rows = n + batch.dp_pad
+    if batch.regime == DRAFT:
+        nd = n
+    else:
+        assert batch.regime == DRAFT_MIXED
+        nd = batch.num_decode_tokens
+        if nd is None or not 0 <= nd < n:
+            raise ValueError(f"draft-mixed needs 0 <= num_decode_tokens < {n}, got {nd}")
+    s = _all_global_slots(batch, slots)[0]
+    if batch.pad_slot_map:
+        s = np.concatenate((s, np.full(rows - n, PAD_SLOT_ID, dtype=_I64)))
+    base = np.arange(rows, dtype=_I64)
+    labels = -1 - (np.arange(pp, dtype=_I64)[:, None] * rows + base)  # pad_label(r, j, L)
+    labels[:, :n] = base[:n]
+    return Layout(
+        width=rows,
+        num_rows=rows,
+        counts=np.full(pp, n, dtype=_I64),
+        gidx=None,
+        wmask=None,
+        tokens=labels,
+        slot_maps=[s.copy() for _ in range(pp)],
+        num_decode_tokens=[nd] * pp,
+        shard=False,
+    )

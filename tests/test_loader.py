@@ -1,0 +1,469 @@
+"""pcpcheck.loader: loading targets without vLLM installed."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from pcpcheck import rankctx
+from pcpcheck.loader import LoadError, Target, load_target
+from spec import names
+
+REPO = Path(__file__).resolve().parents[1]
+ZOO = REPO / "tests" / "zoo"
+ZOO_FILES = sorted(ZOO.glob("*.py"))
+
+
+class _ThreadGroup:
+    """A minimal vLLM-style group over threads (barrier-based all_gather), for these tests."""
+
+    class _World:
+        def __init__(self, size):
+            self.size = size
+            self.barrier = threading.Barrier(size, timeout=10)
+            self.slots = [None] * size
+
+    def __init__(self, world, rank):
+        self._world = world
+        self.world_size = world.size
+        self.rank_in_group = rank
+
+    def all_gather(self, tensor, dim=0):
+        world = self._world
+        world.slots[self.rank_in_group] = tensor.clone()
+        world.barrier.wait()
+        out = torch.cat(list(world.slots), dim=dim)
+        world.barrier.wait()
+        return out
+
+
+def _run_ranks(target: Target, per_rank, shard, pass_group=True):
+    """per_rank: list of (tensors, slot_mapping, nd); returns per-rank outputs."""
+    size = len(per_rank)
+    world = _ThreadGroup._World(size)
+    results = [None] * size
+    errors = [None] * size
+
+    def work(rank):
+        group = _ThreadGroup(world, rank)
+        tensors, slots, nd = per_rank[rank]
+        try:
+            with rankctx.bound_group(group):
+                results[rank] = target.call(tensors, slots, nd, shard, group if pass_group else None)
+        except Exception as exc:  # noqa: BLE001
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == [None] * size, errors
+    return results
+
+
+def _vllm_modules():
+    return sorted(k for k in sys.modules if k == "vllm" or k.startswith("vllm."))
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+# --- zoo ------------------------------------------------------------------------------------
+
+
+def test_zoo_is_present():
+    names_found = {p.name for p in ZOO_FILES}
+    assert {"correct.py", "upstream.py", "legacy_no_shard.py", "bug01_local_block.py"} <= names_found
+
+
+@pytest.mark.parametrize("path", ZOO_FILES, ids=lambda p: p.name)
+def test_loads_each_zoo_file(path):
+    before = _vllm_modules()
+    target = load_target(str(path))
+    assert target.function.__name__ == "_gather_prefill_cache_inputs"
+    assert target.name == f"{path.name}:_gather_prefill_cache_inputs"
+    assert target.source == str(path)
+    assert not target.accepts_group
+    assert target.accepts_shard == (path.name != "legacy_no_shard.py")
+    assert "vllm.distributed.parallel_state.get_pcp_group" in target.stand_ins
+    assert _vllm_modules() == before  # no stand-in left in sys.modules
+    module = sys.modules[target.function.__module__] if target.function.__module__ in sys.modules else None
+    assert module is None  # the target module itself is not left registered either
+    expected = target.function.__globals__
+    if path.name != "correct.py":
+        assert expected["EXPECTED_INVARIANT"] in names.INVARIANTS
+        assert expected["EXPECTED_REGIMES"]
+        assert set(expected["EXPECTED_REGIMES"]) <= set(names.REGIMES)
+    assert isinstance(expected["EXPECTED_MINIMAL"], str) and expected["EXPECTED_MINIMAL"]
+
+
+def test_zoo_correct_golden_sharded_example():
+    # pcp-semantics section 2: P=2 sharded, three 1-token decodes, slots [123, 456, 789].
+    target = load_target(str(ZOO / "correct.py"))
+    slots = torch.tensor([123, 789, 456, -1])
+    per_rank = [
+        ((torch.tensor([[11.0], [33.0]]),), slots, 2),
+        ((torch.tensor([[22.0], [0.0]]),), slots, 1),
+    ]
+    for rows, out_slots in _run_ranks(target, per_rank, shard=True):
+        assert rows[0].flatten().tolist() == [11.0, 33.0, 22.0, 0.0]
+        assert out_slots.tolist() == [123, 789, 456, -1]
+
+
+def test_zoo_correct_golden_mixed_example():
+    # pcp-semantics section 2: legacy mixed gather, nd=1, W=4.
+    target = load_target(str(ZOO / "correct.py"))
+    slots = torch.tensor([10, 11, 12, 13, -1, 21, 22, 23])
+    per_rank = [
+        ((torch.tensor([0.0, 1.0, 2.0, 3.0]),), slots, 1),
+        ((torch.tensor([0.0, 5.0, 6.0, 7.0]),), slots, 1),
+    ]
+    for rows, out_slots in _run_ranks(target, per_rank, shard=False):
+        assert out_slots.tolist() == [10, 11, 12, 13, 21, 22, 23]
+        assert rows[0].tolist() == [0.0, 1.0, 2.0, 3.0, 5.0, 6.0, 7.0]
+
+
+def test_zoo_upstream_keeps_only_decodes_in_branch_a():
+    correct = load_target(str(ZOO / "correct.py"))
+    upstream = load_target(str(ZOO / "upstream.py"))
+    t = (torch.arange(3.0),)
+    s = torch.tensor([5, 6, 7])
+    with rankctx.bound_group(_ThreadGroup(_ThreadGroup._World(1), 0)):
+        assert correct.call(t, s, 1, False, None)[1].tolist() == [5, 6, 7]
+        assert upstream.call(t, s, 1, False, None)[1].tolist() == [5]
+
+
+def test_legacy_signature_is_called_without_shard():
+    target = load_target(str(ZOO / "legacy_no_shard.py"))
+    assert target.accepts_shard is False
+    t = (torch.arange(2.0),)
+    s = torch.tensor([1, 2])
+    with rankctx.bound_group(_ThreadGroup(_ThreadGroup._World(1), 0)):
+        rows, slots = target.call(t, s, 2, True, None)  # shard flag dropped, not a TypeError
+    assert slots.tolist() == [1, 2]
+
+
+# --- stand-ins --------------------------------------------------------------------------------
+
+MANY_IMPORTS = '''
+import torch
+from typing import Optional
+
+import vllm.envs as envs
+from vllm import _custom_ops as ops
+from vllm.distributed import get_dcp_group, get_tp_group
+from vllm.distributed.parallel_state import get_pcp_group, GroupCoordinator
+from vllm.logger import init_logger
+from vllm.platforms import current_platform
+from vllm.triton_utils import tl, triton
+from vllm.utils.math_utils import cdiv
+from vllm.v1.attention.backends.utils import PAD_SLOT_ID, CommonAttentionMetadata
+from vllm.model_executor.custom_op import CustomOp
+
+logger = init_logger(__name__)
+
+if current_platform.is_cuda():
+    raise RuntimeError("stand-in platform must be falsy")
+if current_platform.is_rocm() or envs.VLLM_SOME_FLAG:
+    raise RuntimeError("falsy")
+for _ in current_platform.supported_dtypes:
+    raise RuntimeError("iterates empty")
+assert current_platform != 3 and not (current_platform > 2)
+
+
+@triton.jit
+def _helper_kernel(x_ptr, BLOCK: tl.constexpr):
+    pass
+
+
+@triton.jit(do_not_specialize=["n"])
+def _helper_kernel2(x_ptr, n):
+    pass
+
+
+@CustomOp.register("pcp_thing")
+class PcpThing(CustomOp):
+    def forward(self, x):
+        return x
+
+
+class Meta(CommonAttentionMetadata, GroupCoordinator):
+    pass
+
+
+def annotated(x: GroupCoordinator | None = None) -> Optional[CommonAttentionMetadata]:
+    return x
+
+
+def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
+    from vllm.distributed.parallel_state import get_pcp_group as late  # call-time import
+    from vllm.v1.attention.ops.common import cp_lse_ag_out_rs  # noqa: F401
+    logger.debug("gather %d", num_decode_tokens)
+    group = get_pcp_group()
+    assert late() is group
+    assert callable(_helper_kernel) and _helper_kernel.__name__ == "_helper_kernel"
+    assert _helper_kernel2.__name__ == "_helper_kernel2"
+    assert PcpThing().forward(1) == 1
+    pad = torch.full((1,), PAD_SLOT_ID)
+    return tensors, torch.cat([slot_mapping, pad]), group, cdiv(7, 2)
+'''
+
+
+def test_many_vllm_imports_triton_and_platform(tmp_path):
+    before = _vllm_modules()
+    path = _write(tmp_path, "pcp_many.py", MANY_IMPORTS)
+    target = load_target(str(path))
+    assert _vllm_modules() == before
+    for name in (
+        "vllm.platforms.current_platform",
+        "vllm.triton_utils.triton",
+        "vllm.logger.init_logger",
+        "vllm.distributed.parallel_state.get_pcp_group",
+        "vllm.v1.attention.backends.utils.PAD_SLOT_ID",
+    ):
+        assert name in target.stand_ins
+    group = object()
+    with rankctx.bound_group(group):
+        tensors, slots, got_group, ceil = target.function((torch.zeros(1),), torch.tensor([4]), 0)
+    assert got_group is group
+    assert slots.tolist() == [4, -1]
+    assert ceil == 4
+    assert "vllm.v1.attention.ops.common.cp_lse_ag_out_rs" in target.stand_ins  # recorded at call
+    assert _vllm_modules() == before
+
+
+def test_get_pcp_group_is_the_bound_group(tmp_path):
+    path = _write(
+        tmp_path,
+        "pcp_group.py",
+        """
+        import vllm.distributed.parallel_state as ps
+        from vllm.distributed import get_pcp_group
+
+        def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
+            return get_pcp_group(), ps.get_pcp_group()
+        """,
+    )
+    target = load_target(str(path))
+    group_a, group_b = object(), object()
+    with rankctx.bound_group(group_a):
+        assert target.function(None, None, 0) == (group_a, group_a)
+        # call() binds the group it is given for the duration of the call
+        assert target.call(None, None, 0, False, group_b) == (group_b, group_b)
+        assert target.function(None, None, 0) == (group_a, group_a)
+
+
+def test_get_pcp_group_per_thread():
+    target = load_target(str(ZOO / "correct.py"))
+    get = target.function.__globals__["get_pcp_group"]
+    seen = {}
+
+    def work(rank):
+        with rankctx.bound_group(f"group{rank}"):
+            seen[rank] = get()
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == {0: "group0", 1: "group1", 2: "group2"}
+
+
+def test_accepts_group_and_kwargs(tmp_path):
+    path = _write(
+        tmp_path,
+        "kw.py",
+        """
+        def with_group(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False, *, group=None):
+            return shard_decode_requests, group
+
+        def with_kwargs(tensors, slot_mapping, num_decode_tokens, **kwargs):
+            return kwargs
+        """,
+    )
+    target = load_target(str(path), "with_group")
+    assert target.accepts_shard and target.accepts_group
+    group = object()
+    assert target.call(None, None, 0, True, group) == (True, group)
+    target = load_target(str(path), "with_kwargs")
+    assert target.accepts_shard and not target.accepts_group
+    assert target.call(None, None, 0, True, group) == {"shard_decode_requests": True}
+
+
+def test_relative_vllm_import_inside_a_vllm_tree(tmp_path):
+    ops = tmp_path / "checkout" / "vllm" / "v1" / "attention" / "ops"
+    ops.mkdir(parents=True)
+    path = _write(
+        ops,
+        "pcp.py",
+        """
+        from ..backends.utils import PAD_SLOT_ID
+        from .common import something
+
+        def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
+            return PAD_SLOT_ID
+        """,
+    )
+    target = load_target(str(path))
+    assert target.function(None, None, 0) == -1
+    assert "vllm.v1.attention.ops.common.something" in target.stand_ins
+
+
+def test_real_vllm_entries_are_restored(tmp_path, monkeypatch):
+    import types
+
+    fake = types.ModuleType("vllm")
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    target = load_target(str(ZOO / "correct.py"))
+    assert sys.modules["vllm"] is fake
+    assert target.function.__globals__["get_pcp_group"] is rankctx.current_group
+
+
+# --- module:function -------------------------------------------------------------------------
+
+
+def test_module_function_form(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO))
+    before = _vllm_modules()
+    target = load_target("tests.zoo.bug01_local_block:_gather_prefill_cache_inputs")
+    assert target.function.__name__ == "_gather_prefill_cache_inputs"
+    assert target.source == "tests.zoo.bug01_local_block:_gather_prefill_cache_inputs"
+    assert "vllm.distributed.parallel_state.get_pcp_group" in target.stand_ins
+    assert target.function.__globals__["EXPECTED_INVARIANT"] == names.REPLICA
+    assert _vllm_modules() == before
+    default = load_target("tests.zoo.correct")
+    assert default.function_name == "_gather_prefill_cache_inputs"
+
+
+def test_module_with_helper_importing_vllm(tmp_path, monkeypatch):
+    pkg = tmp_path / "mypkg_loader_test"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helpers.py").write_text("from vllm.distributed import get_pcp_group\n")
+    (pkg / "pcp.py").write_text(
+        "from .helpers import get_pcp_group\n"
+        "def gather(tensors, slot_mapping, num_decode_tokens):\n"
+        "    return get_pcp_group()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    target = load_target("mypkg_loader_test.pcp:gather")
+    assert not target.accepts_shard
+    with rankctx.bound_group("g"):
+        assert target.call(None, None, 0, True, None) == "g"
+    for key in [k for k in sys.modules if k.startswith("mypkg_loader_test")]:
+        monkeypatch.delitem(sys.modules, key)
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+def _error(*args) -> str:
+    with pytest.raises(LoadError) as info:
+        load_target(*args)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_missing_file(tmp_path):
+    assert "no such file" in _error(str(tmp_path / "nope.py"))
+
+
+def test_not_a_python_file(tmp_path):
+    path = tmp_path / "pcp.txt"
+    path.write_text("x = 1\n")
+    assert "not a Python file" in _error(str(path))
+    assert "not a file" in _error(str(tmp_path) + "/")
+
+
+def test_syntax_error(tmp_path):
+    path = _write(tmp_path, "bad.py", "x = 1\ndef f(:\n    pass\n")
+    message = _error(str(path))
+    assert f"{path}:2" in message and "syntax error" in message
+
+
+def test_no_gather_function(tmp_path):
+    path = _write(tmp_path, "nothing.py", "def helper():\n    pass\n\nVALUE = 3\n")
+    message = _error(str(path))
+    assert "_gather_prefill_cache_inputs" in message and "helper" in message
+
+
+def test_named_function_missing(tmp_path):
+    path = _write(tmp_path, "other.py", "def helper():\n    pass\n")
+    assert "no function gather" in _error(str(path), "gather")
+
+
+def test_not_callable(tmp_path):
+    path = _write(tmp_path, "nc.py", "_gather_prefill_cache_inputs = 42\n")
+    assert "not callable" in _error(str(path))
+
+
+def test_reexport_from_vllm_is_reported(tmp_path):
+    path = _write(tmp_path, "reexport.py", "from vllm.v1.attention.ops.pcp import _gather_prefill_cache_inputs\n")
+    message = _error(str(path))
+    assert "vllm.v1.attention.ops.pcp" in message
+
+
+def test_unknown_module():
+    assert "no module named" in _error("definitely_not_a_module_xyz:gather")
+    assert "no module named" in _error("definitely_not_a_module_xyz.sub")
+
+
+def test_module_function_not_found(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO))
+    assert "no function nope" in _error("tests.zoo.correct:nope")
+
+
+def test_really_missing_import_names_the_module(tmp_path):
+    path = _write(tmp_path, "needs.py", "import torch\nimport definitely_not_installed_pkg\n")
+    message = _error(str(path))
+    assert "definitely_not_installed_pkg" in message and f"{path}:2" in message
+
+
+def test_triton_itself_is_not_stood_in_for(tmp_path):
+    try:
+        import triton  # noqa: F401
+
+        pytest.skip("triton installed")
+    except ImportError:
+        pass
+    path = _write(tmp_path, "tri.py", "import triton\n")
+    assert "'triton'" in _error(str(path))
+
+
+def test_inert_used_as_number(tmp_path):
+    before = _vllm_modules()
+    path = _write(tmp_path, "num.py", "import vllm.envs as envs\nBLOCK = envs.VLLM_BLOCK * 2\n")
+    message = _error(str(path))
+    assert "vllm.envs.VLLM_BLOCK" in message and f"{path}:2" in message and "number" in message
+    assert _vllm_modules() == before
+
+
+def test_import_time_exception(tmp_path):
+    path = _write(tmp_path, "boom.py", "raise ValueError('boom')\n")
+    message = _error(str(path))
+    assert "ValueError: boom" in message and f"{path}:1" in message
+
+
+def test_bad_target_string():
+    assert "not an existing file" in _error("not a module!")
+
+
+def test_impl_target_loads_lazily():
+    try:
+        target = load_target(None)
+    except LoadError as exc:  # impl/ is being written concurrently
+        pytest.skip(f"impl not ready: {exc}")
+    assert target.source == "impl"
+    assert target.accepts_shard and target.accepts_group
+    assert load_target("impl").function is target.function
