@@ -118,22 +118,46 @@ def cache_labels(cache: torch.Tensor, tensor_index: int, valid: np.ndarray) -> d
     return dict(zip(written.tolist(), labels))
 
 
-def observe_rank(prepared: Prepared, rank: int, outcome) -> RankView:
+_MAX_CACHE_SLOTS = 1 << 20  # a real cache this large is not worth allocating for one case
+
+
+def observe(prepared: Prepared, rank: int, inputs, outcome, kernel=None) -> RankView:
+    """One rank's call at the index level. The cache is what the kernel rule makes of the
+    outputs: with `kernel` (a torch cache-write op such as impl.write_kv_cache) a real cache
+    tensor is written and read back; without it, the label-level rule of spec.model.write."""
     view = RankView(error=outcome.error, error_detail=outcome.error_detail, trace=outcome.trace)
     specs = prepared.case.tensors
+    outputs = None
     if view.error is None and not _incomplete(outcome.trace):
         problem = _malformed(outcome.value, specs)
         if problem:
             view.error = f"returned {problem}"
         else:
-            tensors, slots = outcome.value
+            outputs = outcome.value
             valid = prepared.tokens.reshape(-1)
-            view.rows = [decode_rows(t, k, valid) for k, t in enumerate(tensors)]
-            view.slots = slots.tolist()
+            view.rows = [decode_rows(t, k, valid) for k, t in enumerate(outputs[0])]
+            view.slots = outputs[1].tolist()
     if not view.rows:
         view.rows = [[] for _ in specs]
-    view.caches = [model.write(rows, view.slots) for rows in view.rows]
+    num_slots = 1 + max([max(e, default=0) for e in prepared.expected] + view.slots + [0])
+    if kernel is not None and outputs is not None and num_slots <= _MAX_CACHE_SLOTS:
+        view.caches = written_caches(prepared, outputs, kernel, num_slots)
+    else:
+        view.caches = [model.write(rows, view.slots) for rows in view.rows]
+    _record_inputs(prepared, rank, inputs, view)
     return view
+
+
+def written_caches(prepared: Prepared, outputs, kernel, num_slots: int) -> list[dict[int, int]]:
+    """Write each output tensor into a blank cache with the torch kernel; read it back."""
+    block_size = prepared.case.batch.block_size
+    valid = prepared.tokens.reshape(-1)
+    caches = []
+    for k, (tensor, spec) in enumerate(zip(outputs[0], prepared.case.tensors)):
+        cache = blank_cache(spec, k, -(-num_slots // block_size), block_size)
+        kernel(cache, tensor, outputs[1])
+        caches.append(cache_labels(cache, k, valid))
+    return caches
 
 
 def _incomplete(trace) -> bool:
@@ -159,7 +183,7 @@ def _malformed(value, specs) -> str | None:
     return None
 
 
-def record_inputs(prepared: Prepared, rank: int, inputs, view: RankView) -> None:
+def _record_inputs(prepared: Prepared, rank: int, inputs, view: RankView) -> None:
     """Input contents before (the pristine sources) and after the call, for NO_MUTATION."""
     tensors, slots, _ = inputs
     view.inputs_before = [src.tobytes() for src in prepared.sources[rank]]
@@ -217,10 +241,6 @@ def run_case(case: Case, target, runner) -> Observation:
         return target.call(tensors, slots, nd, shard, group=current_group())
 
     outcomes = runner.run(prepared.size, call)
-    views = []
-    for rank, outcome in enumerate(outcomes):
-        view = observe_rank(prepared, rank, outcome)
-        record_inputs(prepared, rank, inputs[rank], view)
-        views.append(view)
+    views = [observe(prepared, rank, inputs[rank], outcome) for rank, outcome in enumerate(outcomes)]
     violations, checked = judge(prepared, views)
     return Observation(prepared, views, violations, checked)

@@ -138,12 +138,11 @@ def run_check(args) -> int:
 
 
 def _replay(args, target, runner) -> int:
-    from pcpcheck.check import run_case
     try:
         case = Case.from_json(args.replay)
     except (ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"--replay is not a case printed by pcpcheck: {exc}") from None
-    observation = run_case(case, target, runner)
+    observation = runner.observe_case(case, target)
     if not observation.violations:
         print(f"  replayed case holds: every invariant of {', '.join(observation.checked)}")
         return EXIT_HOLDS

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
 from pcpcheck.cases import Case, cases
-from pcpcheck.check import Observation, run_case
+from pcpcheck.check import Observation
 from spec.names import INVARIANTS
 
 
@@ -47,7 +47,10 @@ class RegimeResult:
 
 def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8,
            derandomize: bool = True, seed: int | None = None) -> RegimeResult:
-    """Check `target` on up to max_examples drawn cases of one regime, shrinking violations."""
+    """Check `target` on up to max_examples drawn cases of one regime, shrinking violations.
+
+    `runner` is any backend with `observe_case(case, target) -> Observation` (threads, processes).
+    """
     result = RegimeResult(regime)
 
     @settings(max_examples=max_examples, deadline=None, database=None, derandomize=derandomize,
@@ -57,7 +60,7 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
     @given(case=cases(regimes=(regime,), max_ranks=max_ranks))
     def check(case: Case) -> None:
         started = time.perf_counter()
-        observation = run_case(case, target, runner)
+        observation = runner.observe_case(case, target)
         result.check_seconds += time.perf_counter() - started
         result.cases += 1
         result.checked.update(observation.checked)
@@ -88,7 +91,3 @@ def _seeded(test, seed: int):
     from hypothesis import seed as hypothesis_seed
     return hypothesis_seed(seed)(test)
 
-
-def replay(case: Case, target, runner) -> Observation:
-    """Judge one given case (a counterexample's JSON) without drawing anything."""
-    return run_case(case, target, runner)

@@ -196,6 +196,14 @@ class ThreadRunner:
         self.timeout = timeout
         self._worlds: dict[int, ThreadWorld] = {}
 
+    def observe_case(self, case, target):
+        """Run one case on its P ranks and judge it (the backend interface the engine uses)."""
+        from pcpcheck.check import run_case
+        return run_case(case, target, self)
+
+    def close(self) -> None:
+        """Nothing to release: rank threads are daemons and idle between cases."""
+
     def run(self, size: int, per_rank_fn) -> list[RankOutcome]:
         world = self._worlds.get(size)
         if world is None or world.broken:

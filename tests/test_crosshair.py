@@ -38,15 +38,15 @@ Gather = Callable[[list[list[int]], list[list[int]], list[int], bool], list[tupl
 MAX_TOKENS_PLUS_PAD = 4  # bounds every rank's row count L (W <= N + graph padding, L = N + dp_pad)
 
 
-def make_property(gather: Gather):
-    """The property CrossHair explores, for a given gather (the model's, or a planted bug)."""
+def make_property(gather: Gather, regime: int):
+    """The property CrossHair explores, for one regime (a concrete regime keeps the path tree
+    narrow) and a given gather (the model's, or a planted bug)."""
 
     def gather_keeps_invariants(
-        pcp_size: int, requests: list[tuple[int, bool]], blocks: list[int], regime: int, pad: int, nd: int
+        pcp_size: int, requests: list[tuple[int, bool]], blocks: list[int], pad: int, nd: int
     ) -> None:
         # Leading asserts are preconditions (WF_SLOTS, WF_LAYOUT, WF_WIDTH hold by construction).
         assert 2 <= pcp_size <= 4
-        assert 0 <= regime < len(REGIMES)
         assert len(requests) <= 3
         assert all(0 <= q <= 4 for q, _ in requests)
         assert 0 <= pad
@@ -93,13 +93,13 @@ def make_property(gather: Gather):
     return gather_keeps_invariants
 
 
-def counterexamples(gather: Gather, max_iterations: int, seconds: float) -> list[str]:
+def counterexamples(gather: Gather, regime: str, max_iterations: int, seconds: float) -> list[str]:
     options = AnalysisOptionSet(
         analysis_kind=[AnalysisKind.asserts],
         max_iterations=max_iterations,
         per_condition_timeout=seconds,
     )
-    messages = run_checkables(analyze_function(make_property(gather), options))
+    messages = run_checkables(analyze_function(make_property(gather, REGIMES.index(regime)), options))
     return [message.message for message in messages if message.state > MessageType.PRE_UNSAT]
 
 

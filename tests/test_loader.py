@@ -96,8 +96,7 @@ def test_loads_each_zoo_file(path):
     assert target.accepts_shard == (path.name != "legacy_no_shard.py")
     assert "vllm.distributed.parallel_state.get_pcp_group" in target.stand_ins
     assert _vllm_modules() == before  # no stand-in left in sys.modules
-    module = sys.modules[target.function.__module__] if target.function.__module__ in sys.modules else None
-    assert module is None  # the target module itself is not left registered either
+    assert target.function.__module__ not in sys.modules  # the target module is not left registered
     expected = target.function.__globals__
     if path.name != "correct.py":
         assert expected["EXPECTED_INVARIANT"] in names.INVARIANTS
@@ -356,12 +355,42 @@ def test_module_with_helper_importing_vllm(tmp_path, monkeypatch):
         "    return get_pcp_group()\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
+    before = _vllm_modules()
     target = load_target("mypkg_loader_test.pcp:gather")
     assert not target.accepts_shard
     with rankctx.bound_group("g"):
         assert target.call(None, None, 0, True, None) == "g"
+    (pkg / "many.py").write_text(textwrap.dedent(MANY_IMPORTS))
+    target = load_target("mypkg_loader_test.many")
+    assert "vllm.platforms.current_platform" in target.stand_ins
+    with rankctx.bound_group("h"):  # call-time vllm import inside the target module's function
+        assert target.call((torch.zeros(1),), torch.tensor([4]), 0, False, None)[2] == "h"
+    assert _vllm_modules() == before
     for key in [k for k in sys.modules if k.startswith("mypkg_loader_test")]:
         monkeypatch.delitem(sys.modules, key)
+
+
+def test_dataclass_and_type_hints_with_stand_ins(tmp_path):
+    path = _write(
+        tmp_path,
+        "dc.py",
+        """
+        import dataclasses
+        from vllm.config import VllmConfig
+        from vllm.v1.attention.backends.utils import CommonAttentionMetadata
+
+        @dataclasses.dataclass
+        class Meta:
+            config: VllmConfig | None = None
+            common: CommonAttentionMetadata = None
+
+        def gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
+            return Meta()
+        """,
+    )
+    target = load_target(str(path))
+    assert target.function_name == "gather_prefill_cache_inputs"
+    assert target.call(None, None, 0).config is None
 
 
 # --- errors ----------------------------------------------------------------------------------
