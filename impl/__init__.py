@@ -5,7 +5,13 @@ spec/ and reference/.
 """
 
 from .cache import write_kv_cache
-from .gather import gather_prefill_cache_inputs, select_branch, validate_gather_inputs
+from .gather import (
+    check_expanded_index_fits,
+    check_nd_agreement,
+    gather_prefill_cache_inputs,
+    select_branch,
+    validate_gather_inputs,
+)
 from .indexer import gather_indexer_cache_inputs
 from .mla import gather_mla_cache_inputs
 from .parallel_state import ProcessGroupAdapter, as_group, get_pcp_group, set_pcp_group
@@ -13,6 +19,8 @@ from .parallel_state import ProcessGroupAdapter, as_group, get_pcp_group, set_pc
 __all__ = [
     "ProcessGroupAdapter",
     "as_group",
+    "check_expanded_index_fits",
+    "check_nd_agreement",
     "gather_indexer_cache_inputs",
     "gather_mla_cache_inputs",
     "gather_prefill_cache_inputs",

@@ -23,60 +23,206 @@ import torch
 
 from .parallel_state import as_group, get_pcp_group
 
-__all__ = ["gather_prefill_cache_inputs", "select_branch", "validate_gather_inputs"]
+__all__ = [
+    "CHECK_ND_AGREEMENT",
+    "check_expanded_index_fits",
+    "check_nd_agreement",
+    "check_slot_mapping",
+    "check_tensor",
+    "gather_prefill_cache_inputs",
+    "select_branch",
+    "validate_gather_inputs",
+]
+
+# Debug flag: before the collectives of an expanded call (S > L), all_gather [nd, L, S, shard]
+# over the group and raise ValueError on every rank if the ranks disagree (see check_nd_agreement).
+# Off by default: it costs one small collective and a host sync per call. Per call, the keyword
+# ``check_nd_agreement=`` of the gather (and of the wrappers) overrides it.
+CHECK_ND_AGREEMENT: bool = False
+
+_PAD_SLOT_ID = -1  # spec.names.PAD_SLOT_ID; a slot map must be able to hold it
 
 
 def _is_integer_dtype(dtype: torch.dtype) -> bool:
     return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
 
+def _type_name(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"{x.dim()}-d torch.Tensor of {x.dtype}"
+    return type(x).__name__
+
+
+def check_tensor(name: str, t: Any) -> torch.Tensor:
+    """``t`` must be a tensor with at least one dimension (its rows)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {_type_name(t)}")
+    if t.dim() == 0:
+        raise ValueError(
+            f"{name} is 0-dimensional (a scalar): expected a tensor whose dim 0 holds the rows"
+        )
+    return t
+
+
+def check_slot_mapping(slot_mapping: Any) -> torch.Tensor:
+    """``slot_mapping`` must be a 1-D tensor of a signed integer dtype (it holds PAD_SLOT_ID -1)."""
+    if not isinstance(slot_mapping, torch.Tensor):
+        raise TypeError(f"slot_mapping must be a torch.Tensor, got {_type_name(slot_mapping)}")
+    if slot_mapping.dim() != 1:
+        raise ValueError(
+            f"slot_mapping must be 1-D (one slot per token), got shape {tuple(slot_mapping.shape)}"
+        )
+    dtype = slot_mapping.dtype
+    if not _is_integer_dtype(dtype):
+        raise TypeError(
+            f"slot_mapping must have an integer dtype (int32 or int64), got {dtype}"
+        )
+    if torch.iinfo(dtype).min > _PAD_SLOT_ID:
+        raise TypeError(
+            f"slot_mapping has the unsigned dtype {dtype}, which cannot hold PAD_SLOT_ID="
+            f"{_PAD_SLOT_ID}: use int32 or int64"
+        )
+    return slot_mapping
+
+
+def check_expanded_index_fits(num_rows: int, world_size: int, dtype: torch.dtype) -> None:
+    """The expanded map's length ``P*L`` (its indices ``q*L + j`` run up to P*L-1) must fit the
+    slot map's dtype. Pure arithmetic on sizes: testable without allocating P*L entries."""
+    total = world_size * num_rows
+    limit = torch.iinfo(dtype).max
+    if total > limit:
+        raise ValueError(
+            f"the expanded slot map length P*L = {world_size}*{num_rows} = {total} overflows "
+            f"slot_mapping's dtype {dtype} (max {limit}): use a wider slot dtype (int64)"
+        )
+
+
+def _check_num_decode_tokens(num_decode_tokens: Any, num_rows: int) -> int:
+    if isinstance(num_decode_tokens, torch.Tensor):
+        raise TypeError(
+            f"num_decode_tokens must be a Python int (vLLM passes attn_metadata.num_decode_tokens), "
+            f"got a {_type_name(num_decode_tokens)}: pass int(t); a tensor is refused because "
+            "reading it costs a device sync on every call"
+        )
+    if isinstance(num_decode_tokens, bool) or not isinstance(num_decode_tokens, numbers.Integral):
+        raise TypeError(
+            f"num_decode_tokens must be an int, got {type(num_decode_tokens).__name__} "
+            f"{num_decode_tokens!r}"
+        )
+    nd = int(num_decode_tokens)
+    if nd < 0:
+        raise ValueError(
+            f"num_decode_tokens={nd} is negative: expected 0 <= num_decode_tokens <= L={num_rows} "
+            "(the local row count)"
+        )
+    if nd > num_rows:
+        raise ValueError(
+            f"num_decode_tokens={nd} is above the local row count L={num_rows}: expected "
+            f"0 <= num_decode_tokens <= {num_rows}"
+        )
+    return nd
+
+
+def _check_world_size(world_size: Any) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
+        raise ValueError(f"the PCP group's world_size must be a positive int, got {world_size!r}")
+    return int(world_size)
+
+
 def validate_gather_inputs(
-    tensors: Any, slot_mapping: Any, num_decode_tokens: Any, world_size: int | None = None
+    tensors: Any,
+    slot_mapping: Any,
+    num_decode_tokens: Any,
+    world_size: int | None = None,
+    *,
+    names: Sequence[str] | None = None,
 ) -> tuple[tuple[torch.Tensor, ...], int, int, int]:
     """Check the gather's inputs; return ``(tensors as a tuple, L, S, nd)``.
 
-    ``world_size`` (P), when given and ``S > L``, adds the pairing check ``S >= P*L``.
-    Raises TypeError for a wrong kind of argument and ValueError for a wrong value.
+    The one place the gather's inputs are checked (the MLA and indexer wrappers call it too).
+    ``world_size`` (P), when given and ``S > L``, adds the expanded-map checks: the map must have
+    exactly ``P*L`` entries (or any length when L = 0: there are no rows to pair) and ``P*L`` must
+    fit the slot dtype. ``names``: what to call each tensor in messages (default ``tensors[i]``).
+    Raises TypeError for a wrong kind of argument and ValueError for a wrong value. Reads only
+    shapes, dtypes and devices: never a tensor's values (no device sync).
     """
     if not isinstance(tensors, (tuple, list)):
-        raise TypeError(f"tensors must be a tuple or list of tensors, got {type(tensors).__name__}")
+        raise TypeError(f"tensors must be a tuple or list of tensors, got {_type_name(tensors)}")
     if len(tensors) == 0:
         raise ValueError("tensors must hold at least one tensor, got an empty sequence")
-    for i, t in enumerate(tensors):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"tensors[{i}] must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() == 0:
-            raise ValueError(f"tensors[{i}] is 0-dimensional: it has no rows (dim 0) to gather")
+    if names is None or len(names) != len(tensors):
+        names = [f"tensors[{i}]" for i in range(len(tensors))]
+    for name, t in zip(names, tensors):
+        check_tensor(name, t)
     num_rows = tensors[0].shape[0]
-    for i, t in enumerate(tensors):
+    for name, t in zip(names, tensors):
         if t.shape[0] != num_rows:
             raise ValueError(
-                f"row counts differ: tensors[0] has {num_rows} rows, tensors[{i}] has {t.shape[0]}"
+                f"row counts differ: {names[0]} has {num_rows} rows, {name} has {t.shape[0]} "
+                "(every tensor must have the same leading dimension L)"
             )
-    if not isinstance(slot_mapping, torch.Tensor):
-        raise TypeError(f"slot_mapping must be a torch.Tensor, got {type(slot_mapping).__name__}")
-    if slot_mapping.dim() != 1:
-        raise ValueError(f"slot_mapping must be 1-D, got shape {tuple(slot_mapping.shape)}")
-    if not _is_integer_dtype(slot_mapping.dtype):
-        raise TypeError(f"slot_mapping must have an integer dtype, got {slot_mapping.dtype}")
-    if isinstance(num_decode_tokens, bool) or not isinstance(num_decode_tokens, numbers.Integral):
-        raise TypeError(
-            f"num_decode_tokens must be an int, got {type(num_decode_tokens).__name__}"
-        )
-    nd = int(num_decode_tokens)
-    if not 0 <= nd <= num_rows:
-        raise ValueError(f"num_decode_tokens={nd} is outside [0, {num_rows}] (the local row count)")
+    check_slot_mapping(slot_mapping)
+    device = tensors[0].device
+    for name, t in zip([*names, "slot_mapping"], [*tensors, slot_mapping]):
+        if t.device != device:
+            raise ValueError(
+                f"devices differ: {names[0]} is on {device}, {name} is on {t.device} (every "
+                "tensor and slot_mapping must be on one device)"
+            )
+    nd = _check_num_decode_tokens(num_decode_tokens, num_rows)
     num_slots = slot_mapping.shape[0]
-    if world_size is not None:
-        if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
-            raise ValueError(f"the PCP group's world_size must be a positive int, got {world_size!r}")
-        if num_rows < num_slots < world_size * num_rows:
+    if world_size is not None and num_slots > num_rows:
+        world_size = _check_world_size(world_size)
+        total = world_size * num_rows
+        if num_slots < total:
             raise ValueError(
                 f"slot_mapping has {num_slots} entries, between the local row count L={num_rows} "
-                f"and P*L={world_size * num_rows}: rows and slots would not pair (an expanded map "
-                "has P*L entries, an unexpanded one at most L)"
+                f"and P*L={world_size}*{num_rows}={total}: rows and slots would not pair (an "
+                f"expanded map has exactly P*L={total} entries, an unexpanded one at most L)"
             )
+        if num_slots > total and num_rows > 0:
+            raise ValueError(
+                f"slot_mapping has {num_slots} entries, more than P*L={world_size}*{num_rows}="
+                f"{total}: rows and slots would not pair (an expanded map has exactly P*L entries; "
+                "tensors cut below the map's rank stride W shift rows against slots)"
+            )
+        check_expanded_index_fits(num_rows, world_size, slot_mapping.dtype)
     return tuple(tensors), num_rows, num_slots, nd
+
+
+def check_nd_agreement(
+    group: Any, num_rows: int, num_slots: int, nd: int, shard: bool, device: torch.device
+) -> None:
+    """Debug check before the collectives: do all ranks agree on the call's shape?
+
+    One all_gather of ``[nd, L, S, shard]`` (int64, on the slot map's device) over the group.
+    Every rank must have equal L, S and shard flag; in the replicated branches (shard False:
+    C, D, E) also equal ``num_decode_tokens`` -- a rank cannot see a disagreement locally, and a
+    real run hangs (C on one rank, E on another) or writes decode rows with wrong slots. In the
+    sharded branch B, nd legitimately differs per rank and is not compared. On disagreement every
+    rank raises the same ValueError naming each rank's values.
+    """
+    mine = torch.tensor([nd, num_rows, num_slots, int(shard)], dtype=torch.int64, device=device)
+    table = group.all_gather(mine, dim=0)
+    world_size = group.world_size
+    if not isinstance(table, torch.Tensor) or tuple(table.shape) != (4 * world_size,):
+        raise RuntimeError(
+            f"group.all_gather returned {_type_name(table)} for the nd agreement check, expected "
+            f"shape ({4 * world_size},)"
+        )
+    rows = table.reshape(world_size, 4).tolist()
+    keys = [tuple(r[1:]) if r[3] else tuple(r) for r in rows]
+    if all(k == keys[0] for k in keys) and len({r[3] for r in rows}) == 1:
+        return
+    what = "; ".join(
+        f"rank {q}: num_decode_tokens={r[0]}, L={r[1]}, S={r[2]}, shard_decode_requests={bool(r[3])}"
+        for q, r in enumerate(rows)
+    )
+    raise ValueError(
+        "PCP ranks disagree on the gather's inputs (every rank needs equal L, S and "
+        "shard_decode_requests, and with shard_decode_requests=False equal num_decode_tokens; "
+        f"otherwise the collectives hang or decode rows get wrong slots): {what}"
+    )
 
 
 def select_branch(num_rows: int, num_slots: int, nd: int, shard: bool) -> str:
@@ -110,23 +256,45 @@ def gather_prefill_cache_inputs(
     shard_decode_requests: bool = False,
     *,
     group: Any = None,
+    check_nd_agreement: bool | None = None,
 ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     """Gather PCP-local cache-write inputs so that rows and slot_mapping pair for the kernel.
 
     ``group``: a vLLM-style group or a ProcessGroup; default ``get_pcp_group()``. The group is
     looked up only when the branch needs P (``S > L``), so branch A runs without one.
+    ``check_nd_agreement``: run the cross-rank agreement check (see :func:`check_nd_agreement`)
+    before the collectives of an expanded call; ``None`` uses the module flag
+    ``CHECK_ND_AGREEMENT``. Bad input raises TypeError/ValueError naming the argument
+    (docs/errors.md lists every message).
     Outputs are views of the inputs or fresh tensors; inputs are never mutated.
     """
+    return _gather(
+        tensors, slot_mapping, num_decode_tokens, shard_decode_requests, group, check_nd_agreement
+    )
+
+
+def _gather(
+    tensors: Any,
+    slot_mapping: Any,
+    num_decode_tokens: Any,
+    shard_decode_requests: Any,
+    group: Any,
+    check_agreement: bool | None,
+    names: Sequence[str] | None = None,
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     tensors, num_rows, num_slots, nd = validate_gather_inputs(
-        tensors, slot_mapping, num_decode_tokens
+        tensors, slot_mapping, num_decode_tokens, names=names
     )
     if num_slots <= num_rows:  # A: unexpanded map, every real row is written
         return tuple(t[:num_slots] for t in tensors), slot_mapping[:num_slots]
 
     group = get_pcp_group() if group is None else as_group(group)
-    world_size = group.world_size
-    validate_gather_inputs(tensors, slot_mapping, nd, world_size)
-    branch = select_branch(num_rows, num_slots, nd, bool(shard_decode_requests))
+    world_size = _check_world_size(group.world_size)
+    validate_gather_inputs(tensors, slot_mapping, nd, world_size, names=names)
+    shard = bool(shard_decode_requests)
+    if CHECK_ND_AGREEMENT if check_agreement is None else check_agreement:
+        check_nd_agreement(group, num_rows, num_slots, nd, shard, slot_mapping.device)
+    branch = select_branch(num_rows, num_slots, nd, shard)
     total = world_size * num_rows
 
     if branch == "C":  # replicated, all decode: rank 0's block of the map

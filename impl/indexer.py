@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .gather import gather_prefill_cache_inputs
+from .gather import _check_world_size, _gather, check_slot_mapping, check_tensor
 from .parallel_state import as_group, get_pcp_group
 
 __all__ = ["gather_indexer_cache_inputs"]
@@ -19,21 +19,19 @@ def gather_indexer_cache_inputs(
     shard_decode_requests: bool,
     *,
     group: Any = None,
+    check_nd_agreement: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Truncate ``k`` to ``S // P`` rows when ``S > rows`` (else to ``S`` rows), then gather."""
-    if not isinstance(k, torch.Tensor):
-        raise TypeError(f"k must be a torch.Tensor, got {type(k).__name__}")
-    if k.dim() == 0:
-        raise ValueError("k is 0-dimensional: it has no rows (dim 0) to gather")
-    if not isinstance(slot_mapping, torch.Tensor) or slot_mapping.dim() != 1:
-        raise TypeError("slot_mapping must be a 1-D integer torch.Tensor")
+    check_tensor("k", k)
+    check_slot_mapping(slot_mapping)
     num_slots = slot_mapping.shape[0]
     if num_slots > k.shape[0]:
         group = get_pcp_group() if group is None else as_group(group)
-        k = k[: num_slots // group.world_size]
+        k = k[: num_slots // _check_world_size(group.world_size)]
     else:
         k = k[:num_slots]
-    (k_out,), slots_out = gather_prefill_cache_inputs(
-        (k,), slot_mapping, num_decode_tokens, shard_decode_requests, group=group
+    (k_out,), slots_out = _gather(
+        (k,), slot_mapping, num_decode_tokens, shard_decode_requests, group, check_nd_agreement,
+        names=("k",),
     )
     return k_out, slots_out

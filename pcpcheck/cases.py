@@ -126,10 +126,12 @@ def _requests(draw, regime: str, pcp_size: int, block_size: int, dcp_size: int):
 
 
 @st.composite
-def cases(draw, regimes=REGIMES, max_ranks: int = 8) -> Case:
-    """Well-formed cases: every precondition of SPEC.md (WF_*) holds by construction."""
+def cases(draw, regimes=REGIMES, max_ranks: int = 8, pcp_sizes=None) -> Case:
+    """Well-formed cases: every precondition of SPEC.md (WF_*) holds by construction.
+    `pcp_sizes`: the world sizes P may take (a process backend's pools); default 2..max_ranks."""
     regime = draw(st.sampled_from(regimes), label="regime")
-    pcp_size = draw(st.integers(2, max_ranks), label="P")
+    pcp_size = draw(st.sampled_from(tuple(pcp_sizes)) if pcp_sizes else st.integers(2, max_ranks),
+                    label="P")
     dcp_size = pcp_size if regime == DCP else 1
     block_size = draw(st.sampled_from((1, 2, 4, 16)), label="block size")
     interleave = draw(st.sampled_from((1, 2)), label="interleave") if regime == DCP else 1

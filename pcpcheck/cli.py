@@ -19,6 +19,7 @@ from pcpcheck import report
 from pcpcheck.cases import Case
 from pcpcheck.engine import CheckerError, search
 from pcpcheck.loader import LoadError, load_target
+from pcpcheck.procs import DeviceThreadRunner, ProcessRunner, WorkerError
 from pcpcheck.runner import ThreadRunner
 from spec.names import REGIMES
 
@@ -59,6 +60,27 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="write the verdict as JSON for CI")
 
 
+def _world_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(dict.fromkeys(int(part) for part in text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma list of whole numbers: {text!r}") from None
+    if not sizes or not all(2 <= size <= 8 for size in sizes):
+        raise argparse.ArgumentTypeError(f"every world size must be between 2 and 8: {text!r}")
+    return sizes
+
+
+def _add_backend(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=("threads", "gloo", "nccl"), default="threads",
+                        help="ranks as in-process threads (default), or torch.distributed "
+                             "processes over gloo (CPU) or NCCL (one GPU per rank)")
+    parser.add_argument("--world-sizes", type=_world_sizes, metavar="P,P,...",
+                        help="world sizes P to draw, each 2..8 (default: 2..--max-ranks for "
+                             "threads, 2,4 for gloo, 2 and the GPU count for nccl)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="threads backend: put every tensor and the cache write on this device")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pcpcheck", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -66,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("target", nargs="?", default="impl",
                        help="a .py file, module:function, or impl (the bundled one, default)")
     _add_common(check)
+    _add_backend(check)
     check.add_argument("--repro-dir", metavar="DIR",
                        help="write a standalone pytest reproducer per violation into DIR")
     check.add_argument("--replay", metavar="CASE_JSON",
@@ -86,7 +109,45 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout}")
     args.regimes = tuple(dict.fromkeys(args.regime)) if args.regime else REGIMES
+    if getattr(args, "backend", "threads") != "threads":
+        _check_process_backend(args)
     return args
+
+
+def _check_process_backend(args) -> None:
+    import torch
+    if args.device != "cpu":
+        raise UsageError(f"--device {args.device} is for --backend threads ({args.backend} "
+                         "ranks use " + ("cuda:rank" if args.backend == "nccl" else "the CPU") + ")")
+    gpus = torch.cuda.device_count() if args.backend == "nccl" else 0
+    if args.backend == "nccl":
+        if gpus < 2:
+            raise UsageError(f"--backend nccl needs at least 2 GPUs, found {gpus}")
+        if args.world_sizes and max(args.world_sizes) > gpus:
+            raise UsageError(f"--backend nccl: world size {max(args.world_sizes)} needs "
+                             f"{max(args.world_sizes)} GPUs, found {gpus}")
+    if not args.world_sizes:
+        args.world_sizes = (2, 4) if args.backend == "gloo" else tuple(sorted({2, min(gpus, 8)}))
+
+
+def make_runner(args):
+    """The backend of `--backend` (and `--device`), started before the search."""
+    backend = getattr(args, "backend", "threads")
+    if backend == "threads":
+        if getattr(args, "device", "cpu") != "cpu":
+            try:
+                return DeviceThreadRunner(timeout=args.timeout, device=args.device)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        return ThreadRunner(timeout=args.timeout)
+    runner = ProcessRunner(backend, timeout=args.timeout)
+    if not args.replay:
+        try:
+            runner.start(args.world_sizes)
+        except BaseException:
+            runner.close()
+            raise
+    return runner
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,12 +167,27 @@ def main(argv: list[str] | None = None) -> int:
     except CheckerError as exc:
         print(f"pcpcheck: internal error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except WorkerError as exc:  # the rank processes could not start, or pcpcheck failed in one
+        print(f"pcpcheck: rank processes failed: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return EXIT_USAGE
 
 
-def run_check(args) -> int:
+def run_check(args, runner=None) -> int:
+    """Check a target; `runner` given (torchrun's rank 0) is used as is, else `make_runner`."""
     target = load_target(args.target, args.function)
-    runner = ThreadRunner(timeout=args.timeout)
-    print(f"pcpcheck: checking {target.name}")
+    if runner is not None:
+        return _check(args, target, runner)
+    runner = make_runner(args)
+    try:
+        return _check(args, target, runner)
+    finally:
+        runner.close()
+
+
+def _check(args, target, runner) -> int:
+    print(f"pcpcheck: checking {target.name}"
+          + (f" ({args.backend}, world sizes {','.join(map(str, args.world_sizes))})"
+             if getattr(args, "backend", "threads") != "threads" else ""))
     if target.stand_ins:
         print(f"  stood in for: {', '.join(target.stand_ins)}")
     if args.replay:
@@ -119,7 +195,8 @@ def run_check(args) -> int:
     results = []
     for regime in args.regimes:
         result = search(target, regime, runner, max_examples=args.max_examples,
-                        max_ranks=args.max_ranks, derandomize=args.seed is None, seed=args.seed)
+                        max_ranks=args.max_ranks, derandomize=args.seed is None, seed=args.seed,
+                        pcp_sizes=getattr(args, "world_sizes", None))
         results.append(result)
         print(f"  {regime:<12} {report.rates(result)}  "
               f"{'VIOLATED' if result.counterexamples else 'holds'}", flush=True)

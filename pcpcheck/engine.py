@@ -46,10 +46,11 @@ class RegimeResult:
 
 
 def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8,
-           derandomize: bool = True, seed: int | None = None) -> RegimeResult:
+           derandomize: bool = True, seed: int | None = None, pcp_sizes=None) -> RegimeResult:
     """Check `target` on up to max_examples drawn cases of one regime, shrinking violations.
 
     `runner` is any backend with `observe_case(case, target) -> Observation` (threads, processes).
+    `pcp_sizes` restricts the world sizes drawn (a process backend's pools); default 2..max_ranks.
     """
     result = RegimeResult(regime)
 
@@ -57,7 +58,7 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
               report_multiple_bugs=True, verbosity=Verbosity.quiet, print_blob=False,
               phases=(Phase.explicit, Phase.generate, Phase.shrink),
               suppress_health_check=list(HealthCheck))
-    @given(case=cases(regimes=(regime,), max_ranks=max_ranks))
+    @given(case=cases(regimes=(regime,), max_ranks=max_ranks, pcp_sizes=pcp_sizes))
     def check(case: Case) -> None:
         started = time.perf_counter()
         observation = runner.observe_case(case, target)

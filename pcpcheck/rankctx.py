@@ -1,19 +1,20 @@
 """Which PCP group the calling rank belongs to.
 
 A target reaches its group through `get_pcp_group()` (vLLM's provider, or a stand-in the loader
-binds to `current_group`). Ranks run as threads or processes; each binds its own group here.
+binds to `current_group`). Ranks run as greenlets, threads or processes; each binds its own group
+here. A context variable is private to each of them (greenlets and threads get their own context).
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
+import contextvars
 
-_local = threading.local()
+_group: contextvars.ContextVar = contextvars.ContextVar("pcpcheck_rank_group", default=None)
 
 
 def current_group():
-    group = getattr(_local, "group", None)
+    group = _group.get()
     if group is None:
         raise RuntimeError("no PCP group: the gather was called outside a pcpcheck rank")
     return group
@@ -21,9 +22,8 @@ def current_group():
 
 @contextlib.contextmanager
 def bound_group(group):
-    previous = getattr(_local, "group", None)
-    _local.group = group
+    token = _group.set(group)
     try:
         yield group
     finally:
-        _local.group = previous
+        _group.reset(token)

@@ -55,8 +55,12 @@ def cache_diff(observation: Observation, rank: int, tensor: int = 0) -> list[str
     for slot in sorted(set(expected) | set(actual)):
         want, got = expected.get(slot), actual.get(slot)
         if want != got:
-            diffs.append(f"slot {slot}: expected {label(want) if want is not None else 'nothing'}, "
-                         f"got {label(got) if got is not None else 'missing'}")
+            if got is None:
+                diffs.append(f"slot {slot}: expected {label(want)}, not written")
+            elif want is None:
+                diffs.append(f"slot {slot}: expected nothing, written with {label(got)}")
+            else:
+                diffs.append(f"slot {slot}: expected {label(want)}, holds {label(got)}")
     return diffs
 
 

@@ -1,23 +1,27 @@
-"""The in-process rank runner: P ranks as threads, exchanging real tensors.
+"""The in-process rank runner: P ranks in one process, exchanging real tensors.
 
-Each world keeps its P threads alive across cases (building a world per case is the slow part).
-Ranks meet in `all_gather` through a condition variable. Two things must never hang a run:
-- a rank that returns or raises while its peers wait in a collective: detected at once (every
-  rank is either finished or waiting, and not all wait in the same collective), the waiting
-  ranks are released with `CollectiveAborted`;
+Ranks are greenlets scheduled cooperatively on one runner thread per world size: a rank runs until
+it enters a collective or returns, then the next rank runs; when every rank waits in the same
+collective, it completes and every rank gets its own copy of the result. Switching greenlets costs
+about a microsecond where handing the GIL between P OS threads cost hundreds per case, and the
+schedule is deterministic, so a case replays identically.
+
+Two things must never hang a run:
+- a rank that returns or raises while its peers wait in a collective: detected at once (no rank
+  can run and not all wait), the waiting ranks are released with `CollectiveAborted`;
 - a rank that never returns (sleeps, loops): the driver's per-case timeout expires, the world is
-  marked broken and replaced; the stuck daemon thread is abandoned.
+  marked broken and replaced; its runner thread (a daemon) is abandoned.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-import time
 import traceback
 from dataclasses import dataclass, field
 
 import torch
+from greenlet import greenlet
 
 from pcpcheck.rankctx import bound_group
 from spec.invariants import INCOMPLETE
@@ -40,7 +44,7 @@ class RankOutcome:
 class RankGroup:
     """The vLLM-style group a rank sees: world_size, rank_in_group, all_gather(t, dim)."""
 
-    def __init__(self, world: "ThreadWorld", rank: int):
+    def __init__(self, world: "RankWorld", rank: int):
         self._world = world
         self.world_size = world.size
         self.rank_in_group = rank
@@ -49,152 +53,134 @@ class RankGroup:
         return self._world.all_gather(self.rank_in_group, input_, dim)
 
 
-class ThreadWorld:
-    """P persistent rank threads and the collective state they share."""
+class _Case:
+    """Scheduler state of one case."""
+
+    def __init__(self, size: int):
+        self.outcomes = [RankOutcome() for _ in range(size)]
+        self.finished = [False] * size
+        self.pending: dict[int, tuple[int, torch.Tensor]] = {}  # rank -> (dim, tensor) waiting
+        self.results: dict[int, torch.Tensor | str] = {}  # str: why the collective failed
+        self.returned: list[int] = []  # ranks that returned or raised (not aborted)
+        self.running: int | None = None
+
+
+class RankWorld:
+    """P ranks of one world size, run as greenlets on a persistent runner thread."""
 
     def __init__(self, size: int):
         self.size = size
         self.broken = False
-        self._cond = threading.Condition()
-        self._jobs = [queue.SimpleQueue() for _ in range(size)]
-        self._outcomes: list[RankOutcome | None] = [None] * size
-        self._finished = 0
-        self._waiting = 0
-        self._aborted = False
-        self._pending: list[tuple | None] = [None] * size  # (dim, tensor) of ranks in a gather
-        self._round = 0  # completed collectives; waiters wait for it to move
-        self._results: list[torch.Tensor | str | None] = [None] * size  # str: why it failed
-        self._traces: list[list[tuple]] = [[] for _ in range(size)]
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._case: _Case | None = None
         self._groups = [RankGroup(self, rank) for rank in range(size)]
-        for rank in range(size):
-            threading.Thread(target=self._serve, args=(rank,), daemon=True,
-                             name=f"pcpcheck-rank{rank}-of-{size}").start()
+        threading.Thread(target=self._serve, daemon=True, name=f"pcpcheck-ranks-{size}").start()
 
     # driver side -------------------------------------------------------------------------
     def run(self, per_rank_fn, timeout: float) -> list[RankOutcome]:
         """Run `per_rank_fn(rank)` on every rank; outcomes per rank. Never blocks past timeout."""
-        with self._cond:
-            self._outcomes = [None] * self.size
-            self._finished = self._waiting = 0
-            self._aborted = False
-            self._returned: list[int] = []
-            self._pending = [None] * self.size
-        for jobs in self._jobs:
-            jobs.put(per_rank_fn)
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._finished < self.size:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return self._give_up(timeout)
-                self._cond.wait(left)
-            return list(self._outcomes)
+        done = threading.Event()
+        case = _Case(self.size)
+        self._jobs.put((per_rank_fn, case, done))
+        if done.wait(timeout):
+            return case.outcomes
+        self.broken = True  # the runner thread is stuck inside a rank: retire it
+        for rank, outcome in enumerate(case.outcomes):
+            if case.finished[rank]:
+                continue
+            if rank == case.running:
+                reason = f"rank {rank} did not return within {timeout:g} s"
+            elif rank in case.pending:
+                reason = (f"all_gather on rank {rank} never completed: rank {case.running} "
+                          f"did not return within {timeout:g} s")
+            else:
+                reason = f"rank {rank} never ran: rank {case.running} hung first"
+            outcome.trace.append((INCOMPLETE, reason))
+        return case.outcomes
 
-    def _give_up(self, timeout: float) -> list[RankOutcome]:
-        """Timeout: release waiting ranks, report the stuck ones, and retire this world."""
-        self._aborted = True
-        self._cond.notify_all()
-        grace = time.monotonic() + 0.2  # ranks released from a collective record their outcome
-        while self._finished < self.size and time.monotonic() < grace:
-            self._cond.wait(0.02)
-        self.broken = True
-        outcomes = []
-        for rank, outcome in enumerate(self._outcomes):
-            if outcome is None:
-                trace = self._traces[rank] + [(INCOMPLETE, f"rank {rank} did not return within {timeout:g} s")]
-                outcome = RankOutcome(trace=trace)
-            outcomes.append(outcome)
-        return outcomes
-
-    # rank side ---------------------------------------------------------------------------
-    def _serve(self, rank: int) -> None:
-        group = self._groups[rank]
+    # runner thread ---------------------------------------------------------------------------
+    def _serve(self) -> None:
         while True:
-            per_rank_fn = self._jobs[rank].get()
-            outcome = RankOutcome()
-            self._traces[rank] = outcome.trace
-            aborted = False
-            try:
-                with bound_group(group):
-                    outcome.value = per_rank_fn(rank)
-            except CollectiveAborted:
-                aborted = True  # all_gather already recorded why in the trace
-            except BaseException as exc:  # noqa: BLE001 - a target may raise anything, even SystemExit
-                outcome.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-                outcome.error_detail = traceback.format_exc(limit=-6)
-            with self._cond:
-                if self.broken:
-                    return  # a timed-out world: the driver has moved on
-                self._outcomes[rank] = outcome
-                self._finished += 1
-                if not aborted:
-                    self._returned.append(rank)
-                self._detect_deadlock()
-                self._cond.notify_all()
+            per_rank_fn, case, done = self._jobs.get()
+            self._case = case
+            self._schedule(per_rank_fn, case)
+            done.set()
 
-    def _detect_deadlock(self) -> None:
-        """Called under the lock: if no rank can make progress, abort the waiting ones."""
-        if self._waiting and self._waiting + self._finished == self.size:
-            self._aborted = True
+    def _schedule(self, per_rank_fn, case: _Case) -> None:
+        ranks = [greenlet(self._rank_main) for _ in range(self.size)]
+        runnable = list(range(self.size))
+        first_switch = [True] * self.size
+        while runnable:
+            for rank in runnable:
+                case.running = rank
+                if first_switch[rank]:
+                    first_switch[rank] = False
+                    ranks[rank].switch(rank, per_rank_fn, case)
+                else:
+                    ranks[rank].switch()
+            case.running = None
+            runnable = self._progress(case)
+
+    def _progress(self, case: _Case) -> list[int]:
+        """No rank can run: complete the collective all ranks wait in, or abort a deadlock."""
+        waiting = sorted(case.pending)
+        if not waiting:
+            return []
+        if len(waiting) == self.size:
+            entries = [case.pending[rank] for rank in range(self.size)]
+            # Like NCCL's all_gather_into_tensor: every rank passes the same dim, shape and dtype.
+            if len({(dim, tuple(t.shape), t.dtype) for dim, t in entries}) != 1:
+                failure = "shapes disagree across ranks: " + ", ".join(
+                    f"rank {r}: dim {d} {tuple(t.shape)} {t.dtype}" for r, (d, t) in enumerate(entries))
+                case.results = {rank: failure for rank in waiting}
+            else:
+                dim = entries[0][0]
+                tensors = [t for _, t in entries]
+                case.results = {rank: torch.cat(tensors, dim=dim) for rank in waiting}
+        else:
+            reason = f"a peer never joined it (ranks that returned or raised instead: {case.returned})"
+            case.results = {rank: reason for rank in waiting}
+        case.pending = {}
+        return waiting
+
+    def _rank_main(self, rank: int, per_rank_fn, case: _Case) -> None:
+        outcome = case.outcomes[rank]
+        aborted = False
+        try:
+            with bound_group(self._groups[rank]):
+                outcome.value = per_rank_fn(rank)
+        except CollectiveAborted:
+            aborted = True  # all_gather already recorded why in the trace
+        except BaseException as exc:  # noqa: BLE001 - a target may raise anything, even SystemExit
+            outcome.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            outcome.error_detail = traceback.format_exc(limit=-6)
+        case.finished[rank] = True
+        if not aborted:
+            case.returned.append(rank)
 
     def all_gather(self, rank: int, tensor: torch.Tensor, dim: int) -> torch.Tensor:
+        case = self._case
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"all_gather takes a tensor, got {type(tensor).__name__}")
-        self._traces[rank].append(("all_gather", dim, tuple(tensor.shape), str(tensor.dtype)))
-        with self._cond:
-            if self._aborted:
-                raise self._abort(rank, "a peer rank already left the collective sequence")
-            self._pending[rank] = (dim, tensor)
-            self._waiting += 1
-            entered = self._round
-            if self._waiting == self.size:
-                self._complete_round()
-            else:
-                self._detect_deadlock()
-                self._cond.notify_all()
-                while self._round == entered and not self._aborted:
-                    self._cond.wait()
-                if self._round == entered:
-                    self._waiting -= 1
-                    self._pending[rank] = None
-                    raise self._abort(rank, "a peer never joined it (ranks that returned or "
-                                            f"raised instead: {sorted(self._returned)})")
-            result = self._results[rank]
-            self._results[rank] = None
-            if isinstance(result, str):
-                raise self._abort(rank, result)
+        case.outcomes[rank].trace.append(("all_gather", dim, tuple(tensor.shape), str(tensor.dtype)))
+        case.pending[rank] = (dim, tensor)
+        greenlet.getcurrent().parent.switch()  # wait: the scheduler resumes us with a result
+        result = case.results.pop(rank)
+        if isinstance(result, str):
+            message = f"all_gather on rank {rank} never completed: {result}"
+            # The trace keeps the fact even if the target swallows the exception.
+            case.outcomes[rank].trace.append((INCOMPLETE, message))
+            raise CollectiveAborted(message)
         return result
-
-    def _abort(self, rank: int, reason: str) -> CollectiveAborted:
-        """Record in the rank's trace that its collective failed (a target may swallow the
-        exception, the trace keeps the fact) and build the exception to raise."""
-        message = f"all_gather on rank {rank} never completed: {reason}"
-        self._traces[rank].append((INCOMPLETE, message))
-        return CollectiveAborted(message)
-
-    def _complete_round(self) -> None:
-        """Called under the lock by the last rank to arrive: every rank gets its own result."""
-        # Like NCCL's all_gather_into_tensor: every rank passes the same dim, shape and dtype.
-        if len({(dim, tuple(t.shape), t.dtype) for dim, t in self._pending}) != 1:
-            failure = "shapes disagree across ranks: " + ", ".join(
-                f"rank {r}: dim {d} {tuple(t.shape)} {t.dtype}" for r, (d, t) in enumerate(self._pending))
-            self._results = [failure] * self.size
-        else:
-            dim = self._pending[0][0]
-            tensors = [t for _, t in self._pending]
-            self._results = [torch.cat(tensors, dim=dim) for _ in range(self.size)]
-        self._pending = [None] * self.size
-        self._waiting = 0
-        self._round += 1
-        self._cond.notify_all()
 
 
 class ThreadRunner:
-    """Hands out a live world per world size, replacing worlds that a timeout broke."""
+    """The in-process backend (`--backend threads`): a live world per world size, replacing
+    worlds that a timeout broke."""
 
     def __init__(self, timeout: float = 10.0):
         self.timeout = timeout
-        self._worlds: dict[int, ThreadWorld] = {}
+        self._worlds: dict[int, RankWorld] = {}
 
     def observe_case(self, case, target):
         """Run one case on its P ranks and judge it (the backend interface the engine uses)."""
@@ -202,10 +188,10 @@ class ThreadRunner:
         return run_case(case, target, self)
 
     def close(self) -> None:
-        """Nothing to release: rank threads are daemons and idle between cases."""
+        """Nothing to release: runner threads are daemons and idle between cases."""
 
     def run(self, size: int, per_rank_fn) -> list[RankOutcome]:
         world = self._worlds.get(size)
         if world is None or world.broken:
-            world = self._worlds[size] = ThreadWorld(size)
+            world = self._worlds[size] = RankWorld(size)
         return world.run(per_rank_fn, self.timeout)

@@ -129,7 +129,7 @@ def rank_rows(batch: Batch) -> tuple[list[list[int]], list[list[bool]], list[int
                         masked = True
                     else:
                         positions = list(range(q))
-                        masked = rank == 0  # rank 0 is the canonical writer of replicated rows
+                        masked = True  # rank 0 is the canonical writer of replicated rows
                     for position in positions:
                         rows[rank].append(first_token + position)
                         writes[rank].append(masked)

@@ -19,9 +19,11 @@ from vllm.distributed.parallel_state import get_pcp_group
 EXPECTED_INVARIANT = 'REPLICA'
 EXPECTED_REGIMES = ('replicated', 'dcp')
 EXPECTED_MINIMAL = (
-    'P=2, replicated, one 1-token decode + one 1-token prefill (rank 0 [d, p], rank 1 [d, '
-    'pad]; W=2, nd=1, branch E on both ranks): rank 1 writes the decode with slot -1 -> its '
-    'cache lacks token 0 -> REPLICA.'
+    'P=2, replicated, one 1-token decode with graph_size 2 (rank 0 [d, pad], rank 1 [d, pad];'
+    ' map [s0, -1, -1, -1]; L=2, nd=1: graph padding alone makes it branch E): rank 1 writes '
+    "its decode row with slot -1 from its own block -> rank 1's cache lacks token 0 -> "
+    'REPLICA. Without graph padding: one 1-token decode + one 1-token prefill. (Engine run, '
+    '200 examples/regime: REPLICA in replicated, SHARD in dcp, as expected.)'
 )
 
 

@@ -19,7 +19,8 @@ EXPECTED_INVARIANT = 'REPLICA'
 EXPECTED_REGIMES = ('sharded',)
 EXPECTED_MINIMAL = (
     'P=2, sharded, one 1-token decode (owner rank 0; rank 1 has only a padding row, nd=0): '
-    "rank 1 masks rank 0's whole block -> rank 1's cache lacks token 0 -> REPLICA."
+    "rank 1 masks rank 0's whole block -> rank 1's cache lacks token 0 -> REPLICA. (Engine "
+    'run, 200 examples/regime: REPLICA, sharded only.)'
 )
 
 

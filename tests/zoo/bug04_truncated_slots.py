@@ -20,7 +20,8 @@ EXPECTED_REGIMES = ('sharded', 'replicated', 'dcp')
 EXPECTED_MINIMAL = (
     'P=2, sharded, a token on rank 1: one 2-token prefill (rank 0 [t0], rank 1 [t1], W=1) or '
     'two 1-token decodes (owners rank 0, rank 1): outputs rows [t0, t1], slots [s0] -> token '
-    '1 written by no rank -> REPLICA.'
+    '1 written by no rank -> REPLICA. (Engine run: REPLICA in sharded and replicated, SHARD '
+    'in dcp.)'
 )
 
 

@@ -20,11 +20,10 @@ from vllm.distributed.parallel_state import get_pcp_group
 EXPECTED_INVARIANT = 'REPLICA'
 EXPECTED_REGIMES = ('sharded',)
 EXPECTED_MINIMAL = (
-    'P=2, sharded, where the last rank holding a real row is short of W: e.g. a 2-token '
-    'decode (rank 0 [t0, t1]) and a 1-token decode (rank 1 [t2, pad]): map [s0, s1, s2, -1] '
-    'trims to 3 slots, 3 // 2 = 1 rank block kept -> token 2 written by no rank -> REPLICA. '
-    'Equivalent: three 1-token decodes (owners 0, 1, 0), or one 1-token decode with '
-    'graph_size 2 (nothing kept).'
+    'P=2, sharded, one 1-token decode with graph_size 2 (rank 0 [t0, pad]; map [s0, -1, -1, '
+    '-1] trims to 1 slot, 1 // 2 = 0 rank blocks kept): nothing written -> REPLICA. Without '
+    'graph padding: a 2-token decode (rank 0 [t0, t1]) and a 1-token decode (rank 1 [t2, '
+    'pad]): 3 // 2 = 1 block kept, token 2 lost. (Engine run: REPLICA, sharded only.)'
 )
 
 

@@ -19,10 +19,10 @@ from vllm.distributed.parallel_state import get_pcp_group
 EXPECTED_INVARIANT = 'UNIQUE'
 EXPECTED_REGIMES = ('sharded', 'replicated', 'dcp', 'draft', 'draft-mixed')
 EXPECTED_MINIMAL = (
-    'P=2, sharded, one 1-token decode at slot 0 (block 0, context 0; rank 1 holds a padding '
-    'row): map [0, -1] becomes [0, 0] -> slot 0 twice -> UNIQUE. If the shrinker keeps the '
-    "slot non-zero, the same case reports PAD_HYGIENE (rank 1's padding row paired with slot "
-    '0).'
+    'P=2, sharded, no requests at all with graph_size 1 (every row padding, map [-1, -1] '
+    'becomes [0, 0]) -> slot 0 twice -> UNIQUE. With one real token at slot 0 the same holds '
+    '([0, -1] -> [0, 0]); a single -1 beside a non-zero slot reports PAD_HYGIENE instead. '
+    '(Engine run: UNIQUE first in all five regimes.)'
 )
 
 

@@ -23,7 +23,8 @@ EXPECTED_MINIMAL = (
     'P=2, sharded, one request leaving a padding row in W >= 2: e.g. one 2-token decode (rank'
     " 0 [t0, t1], rank 1 [pad, pad]; map [s0, s1, -1, -1] read as [s0, -1, s1, -1]): rank 1's"
     ' padding row 0 paired with s1 -> PAD_HYGIENE. Three 1-token decodes give PAIRING '
-    'instead.'
+    'instead. (Engine run: PAD_HYGIENE first in sharded and replicated; in dcp PAIRING, since'
+    ' unowned entries are -1 there.)'
 )
 
 

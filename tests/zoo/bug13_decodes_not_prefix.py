@@ -21,7 +21,7 @@ EXPECTED_REGIMES = ('replicated', 'dcp')
 EXPECTED_MINIMAL = (
     'P=2, replicated, one 1-token decode + one 1-token prefill (rank 0 [d, p], rank 1 [d, '
     'pad]; W=2, nd=1): rank 1 outputs rows [pad, d, d], slots [s1, s0, -1] -> padding row '
-    'paired with s1 -> PAD_HYGIENE.'
+    'paired with s1 -> PAD_HYGIENE. (Engine run: PAD_HYGIENE in replicated; PAIRING in dcp.)'
 )
 
 

@@ -10,8 +10,8 @@ Correct in replicated, dcp, draft, draft-mixed (branches A, C, D, E are correct.
 
 Expected first report: COLLECTIVE. Minimal sharded case: rank 0 holds the decode (nd == L: branch
 C, no collective), rank 1 holds only padding (nd == 0: branch D, one all_gather): the ranks'
-collective traces differ. (If the runner turns the unmatched all_gather into an error or timeout
-on the waiting rank, RETURNS, which comes first in the priority order, would be reported instead.)
+collective traces differ. (pcpcheck's runner detects the all_gather no peer joins and reports it
+as COLLECTIVE; a runner that turned it into an error on the waiting rank would report RETURNS.)
 The checker's loader gives `accepts_shard=False`, so the target is called without the flag.
 """
 
@@ -22,7 +22,9 @@ EXPECTED_INVARIANT = 'COLLECTIVE'
 EXPECTED_REGIMES = ('sharded',)
 EXPECTED_MINIMAL = (
     'P=2, sharded, one 1-token decode (owner rank 0; W=1, map [s0, -1]): rank 0 has nd=1=L ->'
-    ' branch C (no collective), rank 1 has nd=0 -> branch D (all_gather) -> COLLECTIVE.'
+    ' branch C (no collective), rank 1 has nd=0 -> branch D (an all_gather no peer joins) -> '
+    "COLLECTIVE. (Engine run: the runner's deadlock detection reports COLLECTIVE, sharded "
+    'only.)'
 )
 
 

@@ -20,9 +20,9 @@ from vllm.distributed.parallel_state import get_pcp_group
 EXPECTED_INVARIANT = 'REPLICA'
 EXPECTED_REGIMES = ('draft-mixed',)
 EXPECTED_MINIMAL = (
-    'P=2, draft-mixed, two 1-token decode requests (N=2, L=2, unexpanded map of 2 slots), '
-    'nd=1: token 1 is written by no rank -> REPLICA. (If the strategy allows nd=0: one '
-    '1-token request.)'
+    'P=2, draft-mixed, one 1-token request with nd=0 (L=1, unexpanded map of 1 slot): branch '
+    'A keeps [:0], token 0 is written by no rank -> REPLICA. With nd >= 1: two 1-token '
+    'requests, nd=1, token 1 lost. (Engine run: REPLICA, draft-mixed only.)'
 )
 
 
