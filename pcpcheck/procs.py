@@ -236,6 +236,7 @@ def _worker(rank: int, size: int, backend: str, port: int, timeout: float, conn,
     """A spawned rank: join the group, then serve cases from the driver's pipe until None."""
     with open(stderr_path, "ab", buffering=0) as err:
         os.dup2(err.fileno(), 2)
+    _die_with_parent()
     try:
         import torch.distributed as dist
         import impl
@@ -272,6 +273,16 @@ def _worker(rank: int, size: int, backend: str, port: int, timeout: float, conn,
         conn.send(("view", view, poisoned))
     sys.stderr.flush()
     os._exit(0)  # no destroy_process_group: peers may be gone already; nothing else to release
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this rank if the driver dies (even by SIGKILL): no orphans."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - not Linux: the pipe's EOF still ends an idle rank
+        pass
 
 
 def _set_timeout(timeout: float) -> None:
@@ -574,8 +585,7 @@ class TorchrunRunner:
 
     def stop(self) -> None:
         import torch.distributed as dist
-        if self.broken is None:
-            dist.broadcast_object_list([("stop",)], src=0)
+        dist.broadcast_object_list([("stop",)], src=0)
 
     def close(self) -> None:
         """Nothing per search: the group lives as long as the torchrun job."""
@@ -621,8 +631,7 @@ def torchrun_main(argv: list[str] | None = None) -> int:
     size = adapter.world_size
     if rank != 0:
         _serve_torchrun(adapter, device)
-        dist.destroy_process_group()
-        return 0
+        _exit(0)
     runner = TorchrunRunner(adapter, device, args.timeout)
     code = cli.EXIT_USAGE
     try:
@@ -636,13 +645,18 @@ def torchrun_main(argv: list[str] | None = None) -> int:
         print(f"pcpcheck: {exc}", file=sys.stderr)
         code = cli.EXIT_USAGE
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if runner.broken is not None:
-            os._exit(code)  # peers are stuck; torchrun tears them down when rank 0 exits
-        runner.stop()
-    dist.destroy_process_group()
-    return code
+        if runner.broken is None:
+            runner.stop()
+        # A broken group: peers are stuck, torchrun tears them down when rank 0 exits non-zero.
+        _exit(code)
+
+
+def _exit(code: int) -> None:
+    """Leave without tearing down the process group or the interpreter: a gloo group torn
+    down while a peer exits too can abort the process (SIGABRT), which would hide the code."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,8 @@ def token_slot(batch: Batch, request_index: int, position: int, dcp_rank: int) -
     if (offset // interleave) % dcp_size != dcp_rank:
         return PAD_SLOT_ID
     local = (offset // (interleave * dcp_size)) * interleave + offset % interleave
+    if local >= block_size:  # interleave not dividing the block size: slots would collide
+        raise ValueError(f"WF_SLOTS: interleave {interleave} does not divide block size {block_size}")
     blocks = batch.requests[request_index].blocks
     if virtual_block >= len(blocks):
         raise ValueError(f"WF_SLOTS: request {request_index} has no block for position {position}")
@@ -129,7 +131,7 @@ def rank_rows(batch: Batch) -> tuple[list[list[int]], list[list[bool]], list[int
                         masked = True
                     else:
                         positions = list(range(q))
-                        masked = True  # rank 0 is the canonical writer of replicated rows
+                        masked = rank == 0  # rank 0 is the canonical writer of replicated rows
                     for position in positions:
                         rows[rank].append(first_token + position)
                         writes[rank].append(masked)

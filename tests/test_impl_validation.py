@@ -519,17 +519,19 @@ def malformed_inputs(draw):
 
     nd_kind = pick(["int"] * 6 + ["numpy", "bool", "float", "none", "tensor"], ["int", "numpy"],
                    "nd kind")
-    nd_value = draw(st.integers(0, num_rows) if valid else st.integers(-2, num_rows + 2), label="nd")
+    entry = draw(st.sampled_from(["gather", "gather", "mla", "indexer"]), label="entry")
+    # The indexer cuts k to S rows when S <= L: a well-formed nd is then at most S.
+    nd_max = min(num_rows, length) if entry == "indexer" and length <= num_rows else num_rows
+    nd_value = draw(st.integers(0, nd_max) if valid else st.integers(-2, num_rows + 2), label="nd")
     nd = {"int": nd_value, "numpy": np.int32(nd_value), "bool": bool(nd_value % 2),
           "float": float(nd_value), "none": None, "tensor": torch.tensor(nd_value)}[nd_kind]
     shard = draw(st.booleans(), label="shard")
-    entry = draw(st.sampled_from(["gather", "gather", "mla", "indexer"]), label="entry")
     check = draw(st.booleans(), label="check_nd_agreement")
     event(f"S class={length_kind}")
     event(f"slot kind={slot_kind} dtype={slot_dtype}")
     event(f"nd kind={nd_kind}")
     event(f"entry={entry}")
-    return world_size, tensors, s, nd, shard, entry, check
+    return valid, world_size, tensors, s, nd, shard, entry, check
 
 
 def call_with_timeout(fn, timeout=10.0):
@@ -566,7 +568,7 @@ def oracle(inputs, outputs, slots_in, slots_out):
 @settings(max_examples=300, deadline=5000)
 @given(drawn=malformed_inputs())
 def test_random_malformed_input_clear_error_or_accepted_result(drawn):
-    world_size, tensors, s, nd, shard, entry, check = drawn
+    valid, world_size, tensors, s, nd, shard, entry, check = drawn
     group = CopiesGroup(world_size)
     seq = list(tensors) if isinstance(tensors, (tuple, list)) else None
 
@@ -590,6 +592,7 @@ def test_random_malformed_input_clear_error_or_accepted_result(drawn):
     value, error = call_with_timeout(fn)
     if error is not None:
         event(f"outcome={type(error).__name__}")
+        assert not valid, f"well-formed input rejected: {type(error).__name__}: {error}"
         assert type(error) in (ValueError, TypeError), f"{type(error).__name__}: {error}"
         assert_raised_by_impl(error)
         return

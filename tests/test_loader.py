@@ -12,7 +12,6 @@ import torch
 
 from pcpcheck import rankctx
 from pcpcheck.loader import LoadError, Target, load_target
-from spec import names
 
 REPO = Path(__file__).resolve().parents[1]
 ZOO = REPO / "tests" / "zoo"
@@ -97,12 +96,6 @@ def test_loads_each_zoo_file(path):
     assert "vllm.distributed.parallel_state.get_pcp_group" in target.stand_ins
     assert _vllm_modules() == before  # no stand-in left in sys.modules
     assert target.function.__module__ not in sys.modules  # the target module is not left registered
-    expected = target.function.__globals__
-    if path.name != "correct.py":
-        assert expected["EXPECTED_INVARIANT"] in names.INVARIANTS
-        assert expected["EXPECTED_REGIMES"]
-        assert set(expected["EXPECTED_REGIMES"]) <= set(names.REGIMES)
-    assert isinstance(expected["EXPECTED_MINIMAL"], str) and expected["EXPECTED_MINIMAL"]
 
 
 def test_zoo_correct_golden_sharded_example():
@@ -338,7 +331,7 @@ def test_module_function_form(monkeypatch):
     assert target.function.__name__ == "_gather_prefill_cache_inputs"
     assert target.source == "tests.zoo.bug01_local_block:_gather_prefill_cache_inputs"
     assert "vllm.distributed.parallel_state.get_pcp_group" in target.stand_ins
-    assert target.function.__globals__["EXPECTED_INVARIANT"] == names.REPLICA
+    assert "get_pcp_group" in target.function.__globals__
     assert _vllm_modules() == before
     default = load_target("tests.zoo.correct")
     assert default.function_name == "_gather_prefill_cache_inputs"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
 from spec import invariants as inv
@@ -166,6 +166,13 @@ def test_missing_block_is_rejected():
         model.global_slots(Batch(REPLICATED, 2, (Request(2, True, 15, blocks=(0,)),)), 0)
 
 
+def test_interleave_must_divide_block_size():
+    # B=4, I=3, D=2: position 7 would land at local offset 4, inside the next block.
+    batch = Batch(DCP, 2, (Request(8, True, blocks=(0,)),), block_size=4, interleave=3)
+    with pytest.raises(ValueError, match="WF_SLOTS"):
+        model.global_slots(batch, 0)
+
+
 # --- short prefills under DCP, widths -----------------------------------------------------------
 
 
@@ -315,11 +322,11 @@ def batches(draw) -> Batch:
         if regime == DRAFT_MIXED:
             extra["num_decode_tokens"] = draw(st.integers(0, num_tokens - 1))
     else:
-        extra["graph_size"] = draw(st.integers(0, 10))
+        extra["graph_size"] = draw(st.sampled_from([0, 0]) | st.integers(1, 10))  # 0: no graph
     return Batch(regime, pcp_size, tuple(requests), block_size, interleave, **extra)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(batches())
 def test_model_satisfies_every_invariant(batch):
     try:
@@ -341,6 +348,7 @@ def test_model_satisfies_every_invariant(batch):
         for r in range(pcp_size)
     ]
     assert inv.collective_agreement(traces), f"{COLLECTIVE}: {traces}"
+    event(f"{batch.regime} branch {model.branch(lay.num_rows, len(lay.slot_maps[0]), lay.num_decode_tokens[0], lay.shard)}")
     assert inv.no_input_mutation(list(before), list(inputs)), NO_MUTATION
     expected = model.expected_caches(batch)
     caches = []

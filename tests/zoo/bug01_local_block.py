@@ -16,16 +16,6 @@ Wrong in replicated and dcp (branch E); sharded uses B, drafts use A.
 import torch
 from vllm.distributed.parallel_state import get_pcp_group
 
-EXPECTED_INVARIANT = 'REPLICA'
-EXPECTED_REGIMES = ('replicated', 'dcp')
-EXPECTED_MINIMAL = (
-    'P=2, replicated, one 1-token decode with graph_size 2 (rank 0 [d, pad], rank 1 [d, pad];'
-    ' map [s0, -1, -1, -1]; L=2, nd=1: graph padding alone makes it branch E): rank 1 writes '
-    "its decode row with slot -1 from its own block -> rank 1's cache lacks token 0 -> "
-    'REPLICA. Without graph padding: one 1-token decode + one 1-token prefill. (Engine run, '
-    '200 examples/regime: REPLICA in replicated, SHARD in dcp, as expected.)'
-)
-
 
 def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
     pcp_group = get_pcp_group()

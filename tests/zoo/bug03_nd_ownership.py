@@ -15,14 +15,6 @@ Wrong in sharded only (B is the only branch changed).
 import torch
 from vllm.distributed.parallel_state import get_pcp_group
 
-EXPECTED_INVARIANT = 'REPLICA'
-EXPECTED_REGIMES = ('sharded',)
-EXPECTED_MINIMAL = (
-    'P=2, sharded, one 1-token decode (owner rank 0; rank 1 has only a padding row, nd=0): '
-    "rank 1 masks rank 0's whole block -> rank 1's cache lacks token 0 -> REPLICA. (Engine "
-    'run, 200 examples/regime: REPLICA, sharded only.)'
-)
-
 
 def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
     pcp_group = get_pcp_group()

@@ -15,15 +15,6 @@ rank 0's slots); in dcp it is SHARD. Wrong in sharded (B), replicated and dcp (D
 import torch
 from vllm.distributed.parallel_state import get_pcp_group
 
-EXPECTED_INVARIANT = 'REPLICA'
-EXPECTED_REGIMES = ('sharded', 'replicated', 'dcp')
-EXPECTED_MINIMAL = (
-    'P=2, sharded, a token on rank 1: one 2-token prefill (rank 0 [t0], rank 1 [t1], W=1) or '
-    'two 1-token decodes (owners rank 0, rank 1): outputs rows [t0, t1], slots [s0] -> token '
-    '1 written by no rank -> REPLICA. (Engine run: REPLICA in sharded and replicated, SHARD '
-    'in dcp.)'
-)
-
 
 def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
     pcp_group = get_pcp_group()

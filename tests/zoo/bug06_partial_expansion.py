@@ -17,15 +17,6 @@ dropped rank's tokens are missing from every cache). Wrong in sharded only.
 import torch
 from vllm.distributed.parallel_state import get_pcp_group
 
-EXPECTED_INVARIANT = 'REPLICA'
-EXPECTED_REGIMES = ('sharded',)
-EXPECTED_MINIMAL = (
-    'P=2, sharded, one 1-token decode with graph_size 2 (rank 0 [t0, pad]; map [s0, -1, -1, '
-    '-1] trims to 1 slot, 1 // 2 = 0 rank blocks kept): nothing written -> REPLICA. Without '
-    'graph padding: a 2-token decode (rank 0 [t0, t1]) and a 1-token decode (rank 1 [t2, '
-    'pad]): 3 // 2 = 1 block kept, token 2 lost. (Engine run: REPLICA, sharded only.)'
-)
-
 
 def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
     pcp_group = get_pcp_group()

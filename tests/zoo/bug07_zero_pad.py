@@ -16,15 +16,6 @@ draft regimes when the unexpanded map is padded with -1 (pad_slot_map).
 import torch
 from vllm.distributed.parallel_state import get_pcp_group
 
-EXPECTED_INVARIANT = 'UNIQUE'
-EXPECTED_REGIMES = ('sharded', 'replicated', 'dcp', 'draft', 'draft-mixed')
-EXPECTED_MINIMAL = (
-    'P=2, sharded, no requests at all with graph_size 1 (every row padding, map [-1, -1] '
-    'becomes [0, 0]) -> slot 0 twice -> UNIQUE. With one real token at slot 0 the same holds '
-    '([0, -1] -> [0, 0]); a single -1 beside a non-zero slot reports PAD_HYGIENE instead. '
-    '(Engine run: UNIQUE first in all five regimes.)'
-)
-
 
 def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
     pcp_group = get_pcp_group()

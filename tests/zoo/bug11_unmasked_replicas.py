@@ -15,15 +15,6 @@ owns a decode token. Wrong in replicated and dcp (branch E).
 import torch
 from vllm.distributed.parallel_state import get_pcp_group
 
-EXPECTED_INVARIANT = 'UNIQUE'
-EXPECTED_REGIMES = ('replicated', 'dcp')
-EXPECTED_MINIMAL = (
-    'P=2, replicated, one 1-token decode with graph_size 2 (rank 0 [d, pad], rank 1 [d, pad];'
-    ' L=2, nd=1, branch E): slots [s0, -1, s0, -1] -> s0 twice -> UNIQUE. Without graph '
-    'padding: one 1-token decode + one 1-token prefill, slots [s0, s1, s0, -1]. (Engine run: '
-    'UNIQUE in replicated and dcp.)'
-)
-
 
 def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
     pcp_group = get_pcp_group()

@@ -17,16 +17,6 @@ Wrong in sharded, replicated and dcp.
 import torch
 from vllm.distributed.parallel_state import get_pcp_group
 
-EXPECTED_INVARIANT = 'PAD_HYGIENE'
-EXPECTED_REGIMES = ('sharded', 'replicated', 'dcp')
-EXPECTED_MINIMAL = (
-    'P=2, sharded, one request leaving a padding row in W >= 2: e.g. one 2-token decode (rank'
-    " 0 [t0, t1], rank 1 [pad, pad]; map [s0, s1, -1, -1] read as [s0, -1, s1, -1]): rank 1's"
-    ' padding row 0 paired with s1 -> PAD_HYGIENE. Three 1-token decodes give PAIRING '
-    'instead. (Engine run: PAD_HYGIENE first in sharded and replicated; in dcp PAIRING, since'
-    ' unowned entries are -1 there.)'
-)
-
 
 def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
     pcp_group = get_pcp_group()

@@ -16,14 +16,6 @@ with rank 0's prefill slot). Wrong in replicated and dcp (branch E).
 import torch
 from vllm.distributed.parallel_state import get_pcp_group
 
-EXPECTED_INVARIANT = 'PAD_HYGIENE'
-EXPECTED_REGIMES = ('replicated', 'dcp')
-EXPECTED_MINIMAL = (
-    'P=2, replicated, one 1-token decode + one 1-token prefill (rank 0 [d, p], rank 1 [d, '
-    'pad]; W=2, nd=1): rank 1 outputs rows [pad, d, d], slots [s1, s0, -1] -> padding row '
-    'paired with s1 -> PAD_HYGIENE. (Engine run: PAD_HYGIENE in replicated; PAIRING in dcp.)'
-)
-
 
 def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
     pcp_group = get_pcp_group()

@@ -14,10 +14,6 @@ Every other zoo file is a copy of this one with a few lines changed (marked `# B
 import torch
 from vllm.distributed.parallel_state import get_pcp_group
 
-EXPECTED_INVARIANT = None
-EXPECTED_REGIMES = ()
-EXPECTED_MINIMAL = "none: correct in every regime"
-
 
 def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
     pcp_group = get_pcp_group()

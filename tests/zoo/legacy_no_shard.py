@@ -18,15 +18,6 @@ The checker's loader gives `accepts_shard=False`, so the target is called withou
 import torch
 from vllm.distributed.parallel_state import get_pcp_group
 
-EXPECTED_INVARIANT = 'COLLECTIVE'
-EXPECTED_REGIMES = ('sharded',)
-EXPECTED_MINIMAL = (
-    'P=2, sharded, one 1-token decode (owner rank 0; W=1, map [s0, -1]): rank 0 has nd=1=L ->'
-    ' branch C (no collective), rank 1 has nd=0 -> branch D (an all_gather no peer joins) -> '
-    "COLLECTIVE. (Engine run: the runner's deadlock detection reports COLLECTIVE, sharded "
-    'only.)'
-)
-
 
 def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens):
     pcp_group = get_pcp_group()

@@ -17,14 +17,6 @@ Wrong only in draft-mixed (in draft nd = N, and a -1-padded map (S = L) loses on
 import torch
 from vllm.distributed.parallel_state import get_pcp_group
 
-EXPECTED_INVARIANT = 'REPLICA'
-EXPECTED_REGIMES = ('draft-mixed',)
-EXPECTED_MINIMAL = (
-    'P=2, draft-mixed, one 1-token request with nd=0 (L=1, unexpanded map of 1 slot): branch '
-    'A keeps [:0], token 0 is written by no rank -> REPLICA. With nd >= 1: two 1-token '
-    'requests, nd=1, token 1 lost. (Engine run: REPLICA, draft-mixed only.)'
-)
-
 
 def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
     pcp_group = get_pcp_group()

@@ -1,0 +1,127 @@
+"""The bug zoo through `pcpcheck check FILE`, as a user runs it: one deliberately wrong gather per
+function-level bug class of pcp-semantics section 7 (tests/zoo/), each reported under the exact
+invariant ID it violates, shrunk to the minimal case stated here, with a reproducer that fails.
+
+Minimal cases are what derandomized hypothesis shrinking reaches with the case strategy of
+pcpcheck.cases; each is minimal for its bug: fewer ranks, requests or tokens cannot show it (the
+comment says why).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pcpcheck.cli import main
+from spec.names import COLLECTIVE, PAD_HYGIENE, REPLICA, UNIQUE
+
+ZOO = Path(__file__).parent / "zoo"
+MAX_EXAMPLES = "300"
+
+DECODE, PREFILL = False, True
+
+# file, regime, invariant, minimal case (P, ((prefilling, tokens), ...), graph size, kernel nd)
+ZOO_CASES = [
+    # class 10: the early return keeps T[:nd]; nd = 0 of one real row loses that row.
+    ("upstream.py", "draft-mixed", REPLICA, (2, ((DECODE, 1),), 0, 0)),
+    # class 2: no shard flag: a rank owning the decode takes C (no collective), its peer D.
+    ("legacy_no_shard.py", "sharded", COLLECTIVE, (2, ((DECODE, 1),), 0, None)),
+    # class 1: branch E needs 0 < nd < L: one decode plus one graph-padding row.
+    ("bug01_local_block.py", "replicated", REPLICA, (2, ((DECODE, 1),), 2, None)),
+    # class 3: the peer's decode is dropped as "not owned" by nd.
+    ("bug03_nd_ownership.py", "sharded", REPLICA, (2, ((DECODE, 1),), 0, None)),
+    # class 4: slots truncated to L: the second rank's token loses its slot.
+    ("bug04_truncated_slots.py", "sharded", REPLICA, (2, ((PREFILL, 2),), 0, None)),
+    # class 6: a -1-padded tail makes S // L drop rank 1's rows: needs a padding row.
+    ("bug06_partial_expansion.py", "sharded", REPLICA, (2, ((DECODE, 1),), 2, None)),
+    # class 7: rank 1's padding row aimed at slot 0 next to the real token at slot 0.
+    ("bug07_zero_pad.py", "sharded", UNIQUE, (2, ((DECODE, 1),), 0, None)),
+    # class 11: replicated decode copies unmasked in branch E (needs a padding row for E).
+    ("bug11_unmasked_replicas.py", "replicated", UNIQUE, (2, ((DECODE, 1),), 2, None)),
+    # class 12: token-major reading of a rank-major map: one 2-token decode on rank 0.
+    ("bug12_token_major.py", "sharded", PAD_HYGIENE, (2, ((DECODE, 2),), 0, None)),
+    # class 13: decodes assumed last: a decode and a prefill on the same rank.
+    ("bug13_decodes_not_prefix.py", "replicated", PAD_HYGIENE, (2, ((DECODE, 1), (PREFILL, 1)), 0, None)),
+]
+
+
+def _check(args, tmp_path):
+    verdict = tmp_path / "verdict.json"
+    code = main(["check", *map(str, args), "--max-examples", MAX_EXAMPLES,
+                 "--json", str(verdict), "--repro-dir", str(tmp_path / "repros")])
+    return code, json.loads(verdict.read_text())
+
+
+def _shape(case: dict):
+    batch = case["batch"]
+    requests = tuple((r["prefilling"], r["num_tokens"]) for r in batch["requests"])
+    return batch["pcp_size"], requests, batch["graph_size"], batch["num_decode_tokens"]
+
+
+@pytest.mark.parametrize("filename, regime, invariant, minimal", ZOO_CASES,
+                         ids=[f"{c[0]}-{c[2]}" for c in ZOO_CASES])
+def test_zoo_bug_is_reported_with_its_invariant_and_minimal_case(filename, regime, invariant,
+                                                                  minimal, tmp_path):
+    code, verdict = _check([ZOO / filename, "--regime", regime], tmp_path)
+    assert code == 1
+    first = verdict["counterexamples"][0]
+    assert (first["invariant"], first["regime"]) == (invariant, regime)
+    assert _shape(first["case"]) == minimal
+    assert first["replay"].startswith("pcpcheck check ")
+    _assert_reproducer_fails(verdict["reproducers"][0], invariant)
+
+
+def _assert_reproducer_fails(path: str, invariant: str) -> None:
+    spec = importlib.util.spec_from_file_location("reproducer", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tests = [getattr(module, name) for name in dir(module) if name.startswith("test_")]
+    assert len(tests) == 1
+    with pytest.raises(AssertionError, match=invariant):
+        tests[0]()
+
+
+def test_correct_zoo_gather_holds_everywhere(tmp_path):
+    code, verdict = _check([ZOO / "correct.py"], tmp_path)
+    assert (code, verdict["verdict"], verdict["counterexamples"]) == (0, "holds", [])
+
+
+def test_legacy_gather_passes_replicated_and_fails_sharded_with_two_ranks(tmp_path):
+    code, _ = _check([ZOO / "legacy_no_shard.py", "--regime", "replicated"], tmp_path)
+    assert code == 0
+    code, verdict = _check([ZOO / "legacy_no_shard.py", "--regime", "sharded"], tmp_path)
+    pcp_size, requests, _, _ = _shape(verdict["counterexamples"][0]["case"])
+    assert code == 1 and pcp_size == 2 and len(requests) <= 2
+
+
+def test_reproducer_file_fails_under_pytest(tmp_path):
+    """A reproducer is a standalone pytest file: run it the way a user would."""
+    code, verdict = _check([ZOO / "bug04_truncated_slots.py", "--regime", "sharded"], tmp_path)
+    assert code == 1
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          verdict["reproducers"][0]], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 1, run.stdout
+    assert "REPLICA violated" in run.stdout
+
+
+def test_console_script_reports_the_invariant(tmp_path):
+    run = subprocess.run(["pcpcheck", "check", str(ZOO / "bug03_nd_ownership.py"), "--regime",
+                          "sharded", "--max-examples", MAX_EXAMPLES], capture_output=True, text=True)
+    assert run.returncode == 1
+    assert "Counterexample 1: REPLICA violated" in run.stdout
+    assert "replay: pcpcheck check" in run.stdout
+
+
+@pytest.mark.parametrize("new, expected", [("bug01_local_block.py", 1), (None, 0)])
+def test_diff_reports_a_difference_only_where_there_is_one(new, expected, capsys):
+    other = str(ZOO / new) if new else "impl"
+    assert main(["diff", "impl", other, "--max-examples", "200"]) == expected
+    out = capsys.readouterr().out
+    assert ("Outcomes differ" in out) == bool(expected)
+    if expected:
+        assert "old = impl: satisfies the spec" in out and "violates REPLICA" in out
