@@ -31,6 +31,7 @@ class Prepared:
     nds: list[int]
     shard: bool
     expected: list[dict[int, int]]  # per rank: slot -> token
+    labels: np.ndarray  # sorted distinct input row labels, to decode outputs
 
     @property
     def size(self) -> int:
@@ -51,7 +52,8 @@ def prepare(case: Case) -> Prepared:
     expected = [dict(zip(slots.tolist(), toks.tolist()))
                 for slots, toks in reference.expected_caches(case.batch)]
     return Prepared(case, tokens, sources, [np.asarray(m, dtype=np.int64) for m in layout.slot_maps],
-                    [int(n) for n in layout.num_decode_tokens], bool(layout.shard), expected)
+                    [int(n) for n in layout.num_decode_tokens], bool(layout.shard), expected,
+                    np.unique(tokens))
 
 
 @dataclass
@@ -60,10 +62,12 @@ class RankView:
 
     error: str | None = None  # the target's exception or a malformed return, one line
     error_detail: str | None = None
+    returned: bool = False  # the call returned well-formed outputs
     rows: list[list[int]] = field(default_factory=list)  # per tensor: output row labels
     slots: list[int] = field(default_factory=list)
     caches: list[dict[int, int]] = field(default_factory=list)  # per tensor, after the kernel
     trace: list[tuple] = field(default_factory=list)
+    output: str = ""  # what the rank printed
     inputs_before: list[bytes] = field(default_factory=list)  # each input's content
     inputs_after: list[bytes] = field(default_factory=list)
 
@@ -91,13 +95,15 @@ class Observation:
 
 
 def decode_rows(tensor: torch.Tensor, tensor_index: int, valid: np.ndarray) -> list[int]:
-    """Labels of a tensor's rows: the input row each one is, bit for bit, else NO_ROW."""
+    """Labels of a tensor's rows: the input row each one is, bit for bit, else NO_ROW.
+    valid: the sorted input labels (Prepared.labels)."""
     rows = as_bytes(tensor)
     if rows.shape[0] == 0:
         return []
     claimed = rows[:, :4].copy().view("<i4").reshape(-1).astype(np.int64)
     genuine = (row_content(claimed, tensor_index, rows.shape[1]) == rows).all(axis=1)
-    genuine &= np.isin(claimed, valid)
+    position = np.searchsorted(valid, claimed).clip(max=max(valid.size - 1, 0))
+    genuine &= valid.size > 0 and valid[position] == claimed
     return np.where(genuine, claimed, NO_ROW).tolist()
 
 
@@ -125,7 +131,8 @@ def observe(prepared: Prepared, rank: int, inputs, outcome, kernel=None) -> Rank
     """One rank's call at the index level. The cache is what the kernel rule makes of the
     outputs: with `kernel` (a torch cache-write op such as impl.write_kv_cache) a real cache
     tensor is written and read back; without it, the label-level rule of spec.model.write."""
-    view = RankView(error=outcome.error, error_detail=outcome.error_detail, trace=outcome.trace)
+    view = RankView(error=outcome.error, error_detail=outcome.error_detail, trace=outcome.trace,
+                    output=outcome.output)
     specs = prepared.case.tensors
     outputs = None
     if view.error is None and not _incomplete(outcome.trace):
@@ -134,7 +141,8 @@ def observe(prepared: Prepared, rank: int, inputs, outcome, kernel=None) -> Rank
             view.error = f"returned {problem}"
         else:
             outputs = outcome.value
-            valid = prepared.tokens.reshape(-1)
+            view.returned = True
+            valid = prepared.labels
             view.rows = [decode_rows(t, k, valid) for k, t in enumerate(outputs[0])]
             view.slots = outputs[1].tolist()
     if not view.rows:
@@ -151,7 +159,7 @@ def observe(prepared: Prepared, rank: int, inputs, outcome, kernel=None) -> Rank
 def written_caches(prepared: Prepared, outputs, kernel, num_slots: int) -> list[dict[int, int]]:
     """Write each output tensor into a blank cache with the torch kernel; read it back."""
     block_size = prepared.case.batch.block_size
-    valid = prepared.tokens.reshape(-1)
+    valid = prepared.labels
     caches = []
     for k, (tensor, spec) in enumerate(zip(outputs[0], prepared.case.tensors)):
         cache = blank_cache(spec, k, -(-num_slots // block_size), block_size)
@@ -227,7 +235,7 @@ def judge(prepared: Prepared, views: list[RankView]) -> tuple[list[Violation], t
 
 
 def _tokens(prepared: Prepared) -> list[int]:
-    return sorted({int(t) for t in prepared.tokens.reshape(-1) if t >= 0})
+    return [int(t) for t in prepared.labels if t >= 0]
 
 
 def run_case(case: Case, target, runner) -> Observation:

@@ -326,7 +326,7 @@ class WorkerError(RuntimeError):
 class Pool:
     """P spawned ranks in one process group, each with a pipe to the driver."""
 
-    def __init__(self, size: int, backend: str, timeout: float):
+    def __init__(self, size: int, backend: str, timeout: float, wait: bool = True):
         import torch.distributed as dist
         import torch.multiprocessing as mp
         self.size, self.backend, self.timeout = size, backend, timeout
@@ -340,7 +340,8 @@ class Pool:
         self.conns, self.processes = [], []
         with _bare_main():
             self._spawn(context)
-        self._await_ready()
+        if wait:
+            self.await_ready()
 
     def _spawn(self, context) -> None:
         size, backend, timeout = self.size, self.backend, self.timeout
@@ -358,7 +359,7 @@ class Pool:
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes]
 
-    def _await_ready(self) -> None:
+    def await_ready(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT
         waiting = set(range(self.size))
         while waiting:
@@ -474,9 +475,17 @@ class ProcessRunner:
         self.retired_pids: list[int] = []  # processes of pools torn down (must all be gone)
 
     def start(self, sizes) -> None:
-        """Start the pools up front (a startup failure surfaces before the search)."""
-        for size in sizes:
-            self._pool(size)
+        """Start the pools up front, all spawning at once (a startup failure surfaces before
+        the search)."""
+        new = [size for size in dict.fromkeys(sizes) if size not in self._pools]
+        for size in new:
+            self._pools[size] = Pool(size, self.backend, self.timeout, wait=False)
+        try:
+            for size in new:
+                self._pools[size].await_ready()
+        except BaseException:
+            self.close()
+            raise
 
     def _pool(self, size: int) -> Pool:
         pool = self._pools.get(size)

@@ -82,6 +82,8 @@ def counterexample(observation: Observation, regime: str, source: str,
                      f"slots {slots_text(prepared.slot_maps[rank])} nd={prepared.nds[rank]}")
         if view.error:
             lines.append(f"          error: {view.error}")
+        elif not view.returned:
+            lines.append("          no output: the call did not complete")
         else:
             lines.append(f"          out rows {rows_text(view.rows[0]) if view.rows else '-'} "
                          f"slots {slots_text(view.slots)}")
@@ -91,6 +93,10 @@ def counterexample(observation: Observation, regime: str, source: str,
         collectives = [e for e in view.trace]
         if collectives:
             lines.append("          collectives: " + "; ".join(" ".join(map(str, e)) for e in collectives))
+        if view.output.strip():
+            printed = view.output.strip().splitlines()
+            lines.append(f"          printed: {printed[0][:120]}"
+                         + (f" (+{len(printed) - 1} more lines)" if len(printed) > 1 else ""))
         if view.mutated:
             lines.append("          mutated inputs: " + ", ".join(view.mutated))
         diffs = cache_diff(observation, rank)

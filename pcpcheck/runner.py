@@ -15,7 +15,9 @@ Two things must never hang a run:
 
 from __future__ import annotations
 
+import io
 import queue
+import sys
 import threading
 import traceback
 from dataclasses import dataclass, field
@@ -39,6 +41,40 @@ class RankOutcome:
     error: str | None = None  # the target's own exception, as one line
     error_detail: str | None = None  # its traceback, for reports
     trace: list[tuple] = field(default_factory=list)  # (op, dim, shape, dtype) per collective
+    output: str = ""  # what the rank printed (kept short)
+
+
+class _RankOutput(io.TextIOBase):
+    """Stands in for sys.stdout/sys.stderr: what a rank prints (a noisy target) goes into its
+    outcome, what any other thread prints passes through. Installed once, never removed, so a
+    runner thread abandoned inside a hung target cannot leave the streams redirected."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        sink = getattr(_capture, "outcome", None)
+        if sink is None:
+            return self._stream.write(text)
+        sink.output += text[: max(0, _MAX_OUTPUT - len(sink.output))]
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+_MAX_OUTPUT = 4000  # characters of a rank's printing kept for the report
+_capture = threading.local()  # on a runner thread: the outcome of the rank that runs now
+
+
+def _install_output_capture() -> None:
+    if not isinstance(sys.stdout, _RankOutput):
+        sys.stdout = _RankOutput(sys.stdout)
+    if not isinstance(sys.stderr, _RankOutput):
+        sys.stderr = _RankOutput(sys.stderr)
 
 
 class RankGroup:
@@ -74,6 +110,7 @@ class RankWorld:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._case: _Case | None = None
         self._groups = [RankGroup(self, rank) for rank in range(size)]
+        _install_output_capture()
         threading.Thread(target=self._serve, daemon=True, name=f"pcpcheck-ranks-{size}").start()
 
     # driver side -------------------------------------------------------------------------
@@ -113,12 +150,14 @@ class RankWorld:
         while runnable:
             for rank in runnable:
                 case.running = rank
+                _capture.outcome = case.outcomes[rank]
                 if first_switch[rank]:
                     first_switch[rank] = False
                     ranks[rank].switch(rank, per_rank_fn, case)
                 else:
                     ranks[rank].switch()
             case.running = None
+            _capture.outcome = None
             runnable = self._progress(case)
 
     def _progress(self, case: _Case) -> list[int]:

@@ -68,7 +68,7 @@ def test_every_rank_cache_written_by_impl_satisfies_every_invariant(case, runner
     """Caches written with impl.write_kv_cache (the torch kernel rule), decoded to labels."""
     prepared, outputs = _run_impl(case, runner)
     batch = case.batch
-    valid = prepared.tokens.reshape(-1)
+    valid = prepared.labels
     num_slots = 1 + max(max(e, default=0) for e in prepared.expected)
     num_blocks = -(-num_slots // batch.block_size)
     caches = []

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import linecache
+import os
 import pathlib
 import re
 import sys
@@ -565,7 +566,7 @@ def oracle(inputs, outputs, slots_in, slots_out):
         assert same(slots_out, slots_in[:num_slots])
 
 
-@settings(max_examples=300, deadline=5000)
+@settings(max_examples=int(os.environ.get("PCPCHECK_FUZZ_EXAMPLES", "300")), deadline=5000)
 @given(drawn=malformed_inputs())
 def test_random_malformed_input_clear_error_or_accepted_result(drawn):
     valid, world_size, tensors, s, nd, shard, entry, check = drawn
