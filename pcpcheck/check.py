@@ -41,7 +41,10 @@ class Prepared:
         """Fresh tensors for one rank's call (the sources stay pristine for NO_MUTATION)."""
         tensors = tuple(as_tensor(source.copy(), spec)
                         for source, spec in zip(self.sources[rank], self.case.tensors))
-        return tensors, torch.from_numpy(self.slot_maps[rank].copy()), self.nds[rank]
+        slots = self.slot_maps[rank]
+        # A 0-element tensor made from numpy has stride 0; real slot maps have stride 1.
+        slot_tensor = torch.empty(slots.shape, dtype=torch.int64).copy_(torch.from_numpy(slots))
+        return tensors, slot_tensor, self.nds[rank]
 
 
 def prepare(case: Case) -> Prepared:

@@ -52,7 +52,9 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
+    if a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
+        return False
+    return a.device.type == "meta" or torch.equal(bits(a), bits(b))  # meta: no values to compare
 
 
 # ---------------------------------------------------------------------------------------------
@@ -458,26 +460,33 @@ def test_zero_rows_nd_above_zero_is_an_error():
 
 
 _TENSOR_DTYPES = [torch.float32, torch.bfloat16, torch.int8, torch.int64, torch.bool, torch.float8_e4m3fn]
+_COMPONENTS = ["tensors", "container", "S", "slot kind", "slot dtype", "nd"]
 _SLOT_DTYPES = [torch.int64, torch.int64, torch.int64, torch.int32, torch.int32, torch.int16,
                 torch.int8, torch.uint8, torch.uint32, torch.float32, torch.bool]
 
 
 @st.composite
 def malformed_inputs(draw):
-    # "valid" draws well-formed input only (so that results, not just errors, get checked);
-    # "mixed" draws every component from valid and invalid choices.
-    valid = draw(st.sampled_from(["valid", "mixed", "mixed"]), label="mode") == "valid"
-    event("mode=" + ("valid" if valid else "mixed"))
+    # "valid": well-formed input only (so that results, not just errors, get checked);
+    # "one": one component drawn from valid and invalid choices, the others well formed;
+    # "mixed": every component drawn from valid and invalid choices.
+    mode = draw(st.sampled_from(["valid", "one", "one", "mixed"]), label="mode")
+    free = draw(st.sampled_from(_COMPONENTS), label="free component") if mode == "one" else None
+    valid = mode == "valid"
+    event(f"mode={mode}" + (f" ({free})" if free else ""))
 
-    def pick(choices, good, label):
-        return draw(st.sampled_from(good if valid else choices), label=label)
+    def loose(component):
+        return mode == "mixed" or component == free
+
+    def pick(choices, good, component, label):
+        return draw(st.sampled_from(choices if loose(component) else good), label=label)
 
     world_size = draw(st.integers(2, 4), label="P")
     num_rows = draw(st.integers(0, 5), label="L")
-    n = draw(st.integers(1 if valid else 0, 3), label="number of tensors")
+    n = draw(st.integers(0 if loose("tensors") else 1, 3), label="number of tensors")
     tensors = []
     for k in range(n):
-        kind = pick(["ok"] * 8 + ["rows", "0-d", "list", "meta"], ["ok"], f"tensor {k} kind")
+        kind = pick(["ok"] * 8 + ["rows", "0-d", "list", "meta"], ["ok"], "tensors", f"tensor {k} kind")
         dtype = draw(st.sampled_from(_TENSOR_DTYPES), label=f"tensor {k} dtype")
         trailing = tuple(draw(st.lists(st.integers(0, 3), max_size=2), label=f"tensor {k} trailing"))
         rows = draw(st.integers(0, 6), label=f"tensor {k} rows") if kind == "rows" else num_rows
@@ -492,14 +501,14 @@ def malformed_inputs(draw):
             t = torch.empty(rows, *trailing, dtype=dtype, device="meta")
         tensors.append(t)
         event(f"tensor kind={kind}")
-    container = pick(["tuple", "tuple", "list", "bare"], ["tuple", "list"], "container")
+    container = pick(["tuple", "tuple", "list", "bare"], ["tuple", "list"], "container", "container")
     if container == "bare":
         tensors = tensors[0] if tensors else torch.zeros(2)
     elif container == "tuple":
         tensors = tuple(tensors)
 
     total = world_size * num_rows
-    length_kind = pick(["<=L", "between", "P*L", ">P*L", "any"], ["<=L", "P*L"], "S class")
+    length_kind = pick(["<=L", "between", "P*L", ">P*L", "any"], ["<=L", "P*L"], "S", "S class")
     length = {
         "<=L": lambda: draw(st.integers(0, num_rows)),
         "between": lambda: draw(st.integers(num_rows + 1, max(num_rows + 1, total - 1))),
@@ -508,8 +517,8 @@ def malformed_inputs(draw):
         "any": lambda: draw(st.integers(0, total + 3)),
     }[length_kind]()
     values = draw(st.lists(st.integers(-1, 60), min_size=length, max_size=length), label="slots")
-    slot_kind = pick(["1-D"] * 6 + ["2-D", "list", "meta"], ["1-D"], "slot kind")
-    slot_dtype = pick(_SLOT_DTYPES, [torch.int64, torch.int32], "slot dtype")
+    slot_kind = pick(["1-D"] * 6 + ["2-D", "list", "meta"], ["1-D"], "slot kind", "slot kind")
+    slot_dtype = pick(_SLOT_DTYPES, [torch.int64, torch.int32], "slot dtype", "slot dtype")
     s = torch.tensor(values, dtype=torch.int64).to(slot_dtype)
     if slot_kind == "2-D":
         s = s.reshape(1, -1)
@@ -519,11 +528,11 @@ def malformed_inputs(draw):
         s = torch.empty(length, dtype=slot_dtype, device="meta")
 
     nd_kind = pick(["int"] * 6 + ["numpy", "bool", "float", "none", "tensor"], ["int", "numpy"],
-                   "nd kind")
+                   "nd", "nd kind")
     entry = draw(st.sampled_from(["gather", "gather", "mla", "indexer"]), label="entry")
     # The indexer cuts k to S rows when S <= L: a well-formed nd is then at most S.
     nd_max = min(num_rows, length) if entry == "indexer" and length <= num_rows else num_rows
-    nd_value = draw(st.integers(0, nd_max) if valid else st.integers(-2, num_rows + 2), label="nd")
+    nd_value = draw(st.integers(-2, num_rows + 2) if loose("nd") else st.integers(0, nd_max), label="nd")
     nd = {"int": nd_value, "numpy": np.int32(nd_value), "bool": bool(nd_value % 2),
           "float": float(nd_value), "none": None, "tensor": torch.tensor(nd_value)}[nd_kind]
     shard = draw(st.booleans(), label="shard")
@@ -552,11 +561,12 @@ def call_with_timeout(fn, timeout=10.0):
 
 
 def oracle(inputs, outputs, slots_in, slots_out):
-    """An accepted result: for every tensor, output slots <= output rows, dtype and trailing
-    shape kept; when S <= L, rows == inputs[:S] and slots == slots_in[:S]."""
+    """An accepted result: a signed integer slot map (it must hold PAD_SLOT_ID -1); for every
+    tensor, output slots <= output rows, dtype and trailing shape kept; when S <= L, rows == inputs[:S] and slots == slots_in[:S]."""
     assert isinstance(slots_out, torch.Tensor) and slots_out.dim() == 1
-    assert slots_out.dtype == slots_in.dtype
+    assert slots_out.dtype == slots_in.dtype and torch.iinfo(slots_out.dtype).min < 0  # holds -1
     num_slots, num_rows = slots_in.shape[0], inputs[0].shape[0]
+    assert len({t.device for t in [*outputs, slots_out]}) == 1, "outputs on different devices"
     for t_in, t_out in zip(inputs, outputs, strict=True):
         assert t_out.dtype == t_in.dtype and t_out.shape[1:] == t_in.shape[1:]
         assert slots_out.shape[0] <= t_out.shape[0]

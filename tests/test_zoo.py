@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from pcpcheck.cli import main
-from spec.names import COLLECTIVE, PAD_HYGIENE, REPLICA, UNIQUE
+from spec.names import COLLECTIVE, PAD_HYGIENE, REPLICA, RETURNS, UNIQUE
 
 ZOO = Path(__file__).parent / "zoo"
 MAX_EXAMPLES = "300"
@@ -35,12 +35,18 @@ ZOO_CASES = [
     ("bug01_local_block.py", "replicated", REPLICA, (2, ((DECODE, 1),), 2, None)),
     # class 3: the peer's decode is dropped as "not owned" by nd.
     ("bug03_nd_ownership.py", "sharded", REPLICA, (2, ((DECODE, 1),), 0, None)),
+    # class 5: rows padded after the map was built: rank 1's token lands on a padding row's slot.
+    ("bug05_rows_padded_after_map.py", "sharded", PAD_HYGIENE, (2, ((PREFILL, 2),), 0, None)),
     # class 4: slots truncated to L: the second rank's token loses its slot.
     ("bug04_truncated_slots.py", "sharded", REPLICA, (2, ((PREFILL, 2),), 0, None)),
     # class 6: a -1-padded tail makes S // L drop rank 1's rows: needs a padding row.
     ("bug06_partial_expansion.py", "sharded", REPLICA, (2, ((DECODE, 1),), 2, None)),
     # class 7: rank 1's padding row aimed at slot 0 next to the real token at slot 0.
     ("bug07_zero_pad.py", "sharded", UNIQUE, (2, ((DECODE, 1),), 0, None)),
+    # class 8: int64 slots read as int32: [0, 1] reads as [0, 0] (low, high word): two tokens.
+    ("bug08_slot_dtype.py", "replicated", UNIQUE, (2, ((DECODE, 2),), 0, None)),
+    # class 9: reshape(L, -1) with no rows at all: an empty step crashes.
+    ("bug09_zero_rows_reshape.py", "replicated", RETURNS, (2, (), 0, None)),
     # class 11: replicated decode copies unmasked in branch E (needs a padding row for E).
     ("bug11_unmasked_replicas.py", "replicated", UNIQUE, (2, ((DECODE, 1),), 2, None)),
     # class 12: token-major reading of a rank-major map: one 2-token decode on rank 0.
