@@ -51,7 +51,9 @@ NO_MUTATION = "NO_MUTATION"
 INVARIANTS = (RETURNS, COLLECTIVE, NO_MUTATION, LENGTH, UNIQUE, PAD_HYGIENE, PAIRING, REPLICA, SHARD)
 
 # Precondition IDs: what makes a step well formed (a case violating one is not drawn).
-WF_SLOTS = "WF_SLOTS"  # every real token has a distinct non-negative slot (owned by one DCP rank)
+# WF_SLOTS: every real token has a distinct non-negative slot, owned by one DCP rank (dcp: the
+# interleave divides the block size).
+WF_SLOTS = "WF_SLOTS"
 WF_LAYOUT = "WF_LAYOUT"  # per-rank rows follow the manager's layout: decodes first, W rows each
 WF_WIDTH = "WF_WIDTH"  # graph size 0 or >= max_r n_r; tensors' row count L equals the stride W
 PRECONDITIONS = (WF_SLOTS, WF_LAYOUT, WF_WIDTH)
