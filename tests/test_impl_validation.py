@@ -426,6 +426,54 @@ def test_sharded_branch_nd_may_differ_but_rows_and_shard_must_agree():
         assert isinstance(exc, ValueError) and "shard_decode_requests=True; rank 1" in str(exc)
 
 
+def _gloo_agreement_worker(rank: int, port: int) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        pg = dist.group.WORLD  # a plain ProcessGroup: wrapped by ProcessGroupAdapter
+        s = slots(list(range(8)))
+        # Agreeing ranks (E, nd = 1): the check passes, the gather runs.
+        out, s_out = gather_prefill_cache_inputs((torch.full((4,), float(rank)),), s, 1, False,
+                                                 group=pg, check_nd_agreement=True)
+        assert s_out.tolist() == [0, 1, 2, 3, 5, 6, 7] and out[0].shape == (7,)
+        # Disagreeing ranks (C on rank 0, E on rank 1): both raise instead of hanging.
+        try:
+            gather_prefill_cache_inputs((torch.zeros(4),), s, [4, 1][rank], False, group=pg,
+                                        check_nd_agreement=True)
+        except ValueError as exc:
+            assert "rank 0: num_decode_tokens=4" in str(exc) and "rank 1: num_decode_tokens=1" in str(exc)
+        else:
+            raise AssertionError("no ValueError on disagreeing nd")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_agreement_check_two_gloo_processes():
+    import socket
+    import time
+
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.spawn(_gloo_agreement_worker, args=(port,), nprocs=2, join=False)
+    deadline = time.monotonic() + 60
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for proc in ctx.processes:
+                if proc.is_alive():
+                    proc.kill()
+            pytest.fail("gloo workers did not finish within 60 s")
+
+
 # ---------------------------------------------------------------------------------------------
 # zero local rows (L = 0): valid in every reachable branch and through both wrappers.
 # With L = 0 the branch order reaches A (S = 0), B (shard) and C (nd == L == 0); D and E need L > 0.
