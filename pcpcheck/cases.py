@@ -9,6 +9,7 @@ rest are a hash of it, so any output row can be traced back to its input row bit
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 
@@ -45,6 +46,10 @@ class TensorSpec:
     @property
     def row_bytes(self) -> int:
         return int(np.prod(self.trailing)) * self.torch_dtype.itemsize
+
+
+# One draw per tensor (drawing is the search's bottleneck): every trailing shape x dtype.
+TENSOR_SPECS = tuple(TensorSpec(shape, dtype) for shape in TRAILING_SHAPES for dtype in sorted(DTYPES))
 
 
 @dataclass(frozen=True)
@@ -96,29 +101,36 @@ def as_bytes(tensor: torch.Tensor) -> np.ndarray:
 
 
 # --- hypothesis strategies -------------------------------------------------------------------
+# Strategies are built once and reused: building one per draw costs as much as the draw.
+_BOOLS = st.booleans()
+_ints = functools.lru_cache(maxsize=None)(st.integers)
+_BLOCK_SIZES = st.sampled_from((1, 2, 4, 16))
+_INTERLEAVES = st.sampled_from((1, 2))
+_TENSOR_LISTS = st.lists(st.sampled_from(TENSOR_SPECS), min_size=1, max_size=3)
+
 
 @st.composite
 def _requests(draw, regime: str, pcp_size: int, block_size: int, dcp_size: int):
     # draft-mixed needs a real row the kernel can count as prefill
-    count = draw(st.integers(1 if regime == DRAFT_MIXED else 0, 6), label="requests")
+    count = draw(_ints(1 if regime == DRAFT_MIXED else 0, 6), label="requests")
     block_span = block_size * dcp_size
-    next_block = draw(st.integers(0, 3), label="first block")
+    next_block = draw(_ints(0, 3), label="first block")
     requests = []
     for _ in range(count):
         if regime in DRAFT_REGIMES:
-            prefilling, num_tokens = False, draw(st.integers(1, 3), label="draft tokens")
+            prefilling, num_tokens = False, draw(_ints(1, 3), label="draft tokens")
         else:
-            prefilling = draw(st.booleans(), label="prefilling")
+            prefilling = draw(_BOOLS, label="prefilling")
             # q = 0: scheduled nothing this step; decodes carry 1 + speculative tokens.
-            num_tokens = draw(st.integers(0, 4 * pcp_size + 3) if prefilling
-                              else st.integers(0, 3), label="tokens")
-        context_len = draw(st.integers(0, 2 * block_span), label="context")
+            num_tokens = draw(_ints(0, 4 * pcp_size + 3) if prefilling
+                              else _ints(0, 3), label="tokens")
+        context_len = draw(_ints(0, 2 * block_span), label="context")
         end = context_len + num_tokens
         num_blocks = -(-end // block_span)
         requests.append(Request(num_tokens, prefilling, context_len,
                                 tuple(range(next_block, next_block + num_blocks))))
         next_block += num_blocks
-    if draw(st.booleans(), label="reverse block order"):
+    if draw(_BOOLS, label="reverse block order"):
         top = next_block - 1
         requests = [dataclasses.replace(r, blocks=tuple(top - b for b in r.blocks))
                     for r in requests]
@@ -130,29 +142,27 @@ def cases(draw, regimes=REGIMES, max_ranks: int = 8, pcp_sizes=None) -> Case:
     """Well-formed cases: every precondition of SPEC.md (WF_*) holds by construction.
     `pcp_sizes`: the world sizes P may take (a process backend's pools); default 2..max_ranks."""
     regime = draw(st.sampled_from(regimes), label="regime")
-    pcp_size = draw(st.sampled_from(tuple(pcp_sizes)) if pcp_sizes else st.integers(2, max_ranks),
+    pcp_size = draw(st.sampled_from(tuple(pcp_sizes)) if pcp_sizes else _ints(2, max_ranks),
                     label="P")
     dcp_size = pcp_size if regime == DCP else 1
-    block_size = draw(st.sampled_from((1, 2, 4, 16)), label="block size")
-    interleave = draw(st.sampled_from((1, 2)), label="interleave") if regime == DCP else 1
+    block_size = draw(_BLOCK_SIZES, label="block size")
+    interleave = draw(_INTERLEAVES, label="interleave") if regime == DCP else 1
     if regime == DCP and block_size % interleave:
         interleave = 1
     requests = draw(_requests(regime, pcp_size, block_size, dcp_size))
     batch = Batch(regime, pcp_size, requests, block_size, interleave)
     if regime in DRAFT_REGIMES:
         real = sum(r.num_tokens for r in requests)
-        nd = draw(st.integers(0, real - 1), label="kernel nd") if regime == DRAFT_MIXED else None
+        nd = draw(_ints(0, real - 1), label="kernel nd") if regime == DRAFT_MIXED else None
         batch = dataclasses.replace(
             batch, num_decode_tokens=nd,
-            dp_pad=draw(st.integers(0, 3), label="DP padding"),
-            pad_slot_map=draw(st.booleans(), label="map padded to rows"))
-    elif draw(st.booleans(), label="graph padding"):
+            dp_pad=draw(_ints(0, 3), label="DP padding"),
+            pad_slot_map=draw(_BOOLS, label="map padded to rows"))
+    elif draw(_BOOLS, label="graph padding"):
         widest = int(reference.layout(batch).counts.max(initial=0))
         batch = dataclasses.replace(
-            batch, graph_size=widest + draw(st.integers(1, 3), label="graph extra rows"))
-    specs = draw(st.lists(st.builds(TensorSpec, st.sampled_from(TRAILING_SHAPES),
-                                    st.sampled_from(sorted(DTYPES))),
-                          min_size=1, max_size=3), label="tensors")
+            batch, graph_size=widest + draw(_ints(1, 3), label="graph extra rows"))
+    specs = draw(_TENSOR_LISTS, label="tensors")
     return Case(batch, tuple(specs))
 
 

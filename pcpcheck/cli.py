@@ -24,7 +24,7 @@ from pcpcheck.runner import ThreadRunner
 from spec.names import REGIMES
 
 EXIT_HOLDS, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
-DEFAULT_MAX_EXAMPLES = 1000
+DEFAULT_MAX_EXAMPLES = 3000
 
 
 class UsageError(Exception):
