@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 from pcpcheck import report
 from pcpcheck.cases import Case
@@ -164,12 +163,18 @@ def main(argv: list[str] | None = None) -> int:
     except LoadError as exc:
         print(f"pcpcheck: cannot load target: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except CheckerError as exc:
-        print(f"pcpcheck: internal error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     except WorkerError as exc:  # the rank processes could not start, or pcpcheck failed in one
         print(f"pcpcheck: rank processes failed: {str(exc).splitlines()[0]}", file=sys.stderr)
         return EXIT_USAGE
+    except CheckerError as exc:
+        print(f"pcpcheck: internal error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:  # --json or --repro-dir not writable
+        print(f"pcpcheck: cannot write {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("pcpcheck: interrupted", file=sys.stderr)
+        return 130
 
 
 def run_check(args, runner=None) -> int:

@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import seed as hypothesis_seed
 
 from pcpcheck.cases import Case, cases
 from pcpcheck.check import Observation
@@ -70,25 +71,22 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
             raise _VIOLATION_TYPES[observation.violations[0].invariant](observation)
 
     if seed is not None and not derandomize:
-        check = _seeded(check, seed)
+        check = hypothesis_seed(seed)(check)
     started = time.perf_counter()
     try:
         check()
     except InvariantViolated as exc:
         result.counterexamples.append(exc.observation)
-    except BaseExceptionGroup as group:
-        rest = []
-        for exc in group.exceptions:
-            (result.counterexamples if isinstance(exc, InvariantViolated) else rest).append(
-                exc.observation if isinstance(exc, InvariantViolated) else exc)
-        if rest:
-            raise CheckerError(f"pcpcheck failed while checking: {rest[0]!r}") from rest[0]
+    except BaseExceptionGroup as group:  # several invariants, each shrunk on its own
+        violations, failures = group.split(InvariantViolated)
+        if failures is not None:
+            raise CheckerError(f"pcpcheck failed while checking: {failures.exceptions[0]!r}") \
+                from failures.exceptions[0]
+        result.counterexamples += [exc.observation for exc in violations.exceptions]
+    except CheckerError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a failure of pcpcheck itself, never a verdict
+        raise CheckerError(f"pcpcheck failed while checking: {exc!r}") from exc
     result.seconds = time.perf_counter() - started
     result.counterexamples.sort(key=lambda o: INVARIANTS.index(o.violations[0].invariant))
     return result
-
-
-def _seeded(test, seed: int):
-    from hypothesis import seed as hypothesis_seed
-    return hypothesis_seed(seed)(test)
-

@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pcpcheck import rankctx
+from spec.names import PAD_SLOT_ID
 
 DEFAULT_FUNCTIONS = ("_gather_prefill_cache_inputs", "gather_prefill_cache_inputs")
 STANDIN_ROOT = "vllm"
@@ -133,7 +134,7 @@ def _round_down(x, y):
 
 _BINDINGS: dict[str, Any] = {
     "get_pcp_group": rankctx.current_group,
-    "PAD_SLOT_ID": -1,
+    "PAD_SLOT_ID": PAD_SLOT_ID,
     "init_logger": logging.getLogger,
     "cdiv": _cdiv,
     "round_up": _round_up,

@@ -58,6 +58,7 @@ from multiprocessing.connection import wait as wait_connections
 import torch
 
 from pcpcheck.check import Observation, RankView, judge, observe, prepare
+from pcpcheck.engine import CheckerError
 from pcpcheck.runner import CollectiveAborted, RankOutcome, ThreadRunner
 from spec.invariants import INCOMPLETE
 
@@ -319,7 +320,7 @@ def _bare_main():
         if main is not None:
             sys.modules["__main__"] = main
 
-class WorkerError(RuntimeError):
+class WorkerError(CheckerError):
     """A pool could not start, or pcpcheck's own code failed on a rank (not the target)."""
 
 
