@@ -85,8 +85,7 @@ class RankView:
 @dataclass
 class Violation:
     invariant: str
-    ranks: list[int]
-    detail: str
+    ranks: list[int]  # the ranks on which it fails
 
 
 @dataclass
@@ -143,11 +142,13 @@ def observe(prepared: Prepared, rank: int, inputs, outcome, kernel=None) -> Rank
         if problem:
             view.error = f"returned {problem}"
         else:
-            outputs = outcome.value
-            view.returned = True
-            valid = prepared.labels
-            view.rows = [decode_rows(t, k, valid) for k, t in enumerate(outputs[0])]
-            view.slots = outputs[1].tolist()
+            try:
+                view.rows = [decode_rows(t, k, prepared.labels) for k, t in enumerate(outcome.value[0])]
+                view.slots = [int(slot) for slot in outcome.value[1].tolist()]
+                outputs, view.returned = outcome.value, True
+            except Exception as exc:  # noqa: BLE001 - a hostile return (odd layout, device, ...)
+                view.rows, view.slots = [], []
+                view.error = f"returned tensors pcpcheck cannot read: {type(exc).__name__}: {exc}"[:300]
     if not view.rows:
         view.rows = [[] for _ in specs]
     num_slots = 1 + max([max(e, default=0) for e in prepared.expected] + view.slots + [0])
@@ -222,7 +223,8 @@ def judge(prepared: Prepared, views: list[RankView]) -> tuple[list[Violation], t
             require(PAIRING, inv.pairing(owner, rows, view.slots), rank)
     traces = [view.trace for view in views]
     if not inv.collective_agreement(traces):
-        failed[COLLECTIVE] = [r for r in ranks if traces[r] != traces[0] or _incomplete(traces[r])] or [0]
+        common = max(traces, key=traces.count)  # blame the ranks that differ from the majority
+        failed[COLLECTIVE] = [r for r in ranks if traces[r] != common or _incomplete(traces[r])]
     sharded_cache = prepared.case.batch.dcp_size > 1
     cache_invariant = SHARD if sharded_cache else REPLICA
     for k in range(len(prepared.case.tensors)):
@@ -233,7 +235,7 @@ def judge(prepared: Prepared, views: list[RankView]) -> tuple[list[Violation], t
             bad = [r for r in ranks if caches[r] != prepared.expected[r]]
             failed[cache_invariant] = sorted(set(failed.get(cache_invariant, [])) | set(bad))
     checked = tuple(i for i in INVARIANTS if i != (REPLICA if sharded_cache else SHARD))
-    violations = [Violation(i, sorted(set(failed[i])), "") for i in INVARIANTS if i in failed]
+    violations = [Violation(i, sorted(set(failed[i]))) for i in INVARIANTS if i in failed]
     return violations, checked
 
 
