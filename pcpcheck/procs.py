@@ -204,8 +204,7 @@ def _run_rank(case_json: str, target, rank: int, adapter, device: torch.device,
     except CollectiveAborted:
         pass  # recorded in the trace
     except BaseException as exc:  # noqa: BLE001 - a target may raise anything, even SystemExit
-        outcome.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-        outcome.error_detail = traceback.format_exc(limit=-6)
+        outcome.record_error(exc)
     group.finish()
     view = _observe(prepared, rank, (tensors, slots.cpu(), nd), outcome, device)
     return view, group.poisoned
@@ -319,6 +318,7 @@ def _bare_main():
     finally:
         if main is not None:
             sys.modules["__main__"] = main
+
 
 class WorkerError(CheckerError):
     """A pool could not start, or pcpcheck's own code failed on a rank (not the target)."""

@@ -43,6 +43,11 @@ class RankOutcome:
     trace: list[tuple] = field(default_factory=list)  # (op, dim, shape, dtype) per collective
     output: str = ""  # what the rank printed (kept short)
 
+    def record_error(self, exc: BaseException) -> None:
+        """The target raised: keep one line for the verdict and the traceback's tail."""
+        self.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300] if str(exc) else type(exc).__name__
+        self.error_detail = traceback.format_exc(limit=-6)
+
 
 class _RankOutput(io.TextIOBase):
     """Stands in for sys.stdout/sys.stderr: what a rank prints (a noisy target) goes into its
@@ -191,8 +196,7 @@ class RankWorld:
         except CollectiveAborted:
             aborted = True  # all_gather already recorded why in the trace
         except BaseException as exc:  # noqa: BLE001 - a target may raise anything, even SystemExit
-            outcome.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-            outcome.error_detail = traceback.format_exc(limit=-6)
+            outcome.record_error(exc)
         case.finished[rank] = True
         if not aborted:
             case.returned.append(rank)
