@@ -8,7 +8,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-settings.register_profile("ci", derandomize=True, database=None, deadline=None, max_examples=60,
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, max_examples=200,
                           print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", deadline=None, max_examples=30,
                           suppress_health_check=[HealthCheck.too_slow])

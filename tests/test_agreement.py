@@ -9,7 +9,9 @@ trailing shapes and dtypes (pcpcheck.cases.cases, labelled draws).
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import event, given
+from hypothesis import strategies as st
 
 import impl
 import reference
@@ -23,6 +25,10 @@ from spec.names import LENGTH, PAD_HYGIENE, PAIRING, REGIMES, REPLICA, SHARD, UN
 
 def _classify(case) -> None:
     """Show in --hypothesis-show-statistics what the draws covered."""
+    layout = reference.layout(case.batch)
+    for rank, slot_map in enumerate(layout.slot_maps):
+        event("branch=" + reference.branch(layout.num_rows, len(slot_map),
+                                           layout.num_decode_tokens[rank], layout.shard))
     requests = case.batch.requests
     kinds = {r.prefilling for r in requests if r.num_tokens}
     event(f"regime={case.batch.regime}")
@@ -51,8 +57,10 @@ def _run_impl(case, runner):
     return prepared, [outcome.value for outcome in outcomes]
 
 
-@given(case=cases(regimes=REGIMES))
-def test_impl_equals_reference_bit_for_bit(case, runner):
+@pytest.mark.parametrize("regime", REGIMES)
+@given(data=st.data())
+def test_impl_equals_reference_bit_for_bit(regime, data, runner):
+    case = data.draw(cases(regimes=(regime,)), label="case")
     _classify(case)
     prepared, outputs = _run_impl(case, runner)
     expected = reference.gather(prepared.sources, prepared.slot_maps, prepared.nds, prepared.shard)
@@ -63,9 +71,11 @@ def test_impl_equals_reference_bit_for_bit(case, runner):
             assert np.array_equal(as_bytes(tensor), ref), f"rank {rank}: tensor {k} rows differ"
 
 
-@given(case=cases(regimes=REGIMES))
-def test_every_rank_cache_written_by_impl_satisfies_every_invariant(case, runner):
+@pytest.mark.parametrize("regime", REGIMES)
+@given(data=st.data())
+def test_every_rank_cache_written_by_impl_satisfies_every_invariant(regime, data, runner):
     """Caches written with impl.write_kv_cache (the torch kernel rule), decoded to labels."""
+    case = data.draw(cases(regimes=(regime,)), label="case")
     prepared, outputs = _run_impl(case, runner)
     batch = case.batch
     valid = prepared.labels
@@ -97,10 +107,11 @@ def _as_list(value):
     return None if value is None else np.asarray(value).tolist()
 
 
-@given(case=cases(regimes=REGIMES))
-def test_reference_agrees_with_spec_model(case):
+@pytest.mark.parametrize("regime", REGIMES)
+@given(data=st.data())
+def test_reference_agrees_with_spec_model(regime, data):
     """numpy reference == pure-Python spec model: slots, layout, gather, expected caches."""
-    batch = case.batch
+    batch = data.draw(cases(regimes=(regime,)), label="case").batch
     for dcp_rank in range(batch.dcp_size):
         assert reference.global_slots(batch, dcp_rank).tolist() == model.global_slots(batch, dcp_rank)
     ref, spec_layout = reference.layout(batch), model.layout(batch)
