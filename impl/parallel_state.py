@@ -12,7 +12,7 @@ checker registers a per-thread lookup so that ranks running as threads each get 
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

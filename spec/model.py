@@ -18,7 +18,6 @@ from spec.names import (
     BRANCH_SHARDED,
     BRANCH_UNEXPANDED,
     DRAFT,
-    DRAFT_MIXED,
     DRAFT_REGIMES,
     EXPANDED_REGIMES,
     NO_ROW,

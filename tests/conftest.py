@@ -23,3 +23,32 @@ def runner():
     from pcpcheck.runner import ThreadRunner
 
     return ThreadRunner(timeout=20.0)
+
+
+@pytest.fixture
+def spawn_gloo():
+    """Run `worker(rank, port, *args)` on `nprocs` spawned processes that meet on a free loopback
+    port; the test fails, killing them, if they have not all finished within `timeout` s."""
+    import socket
+    import time
+
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+
+    def spawn(worker, nprocs: int, *args, timeout: float = 60.0) -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        ctx = mp.spawn(worker, args=(port, *args), nprocs=nprocs, join=False)
+        deadline = time.monotonic() + timeout
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                for process in ctx.processes:
+                    if process.is_alive():
+                        process.kill()
+                pytest.fail(f"gloo workers did not finish within {timeout:g} s")
+
+    return spawn

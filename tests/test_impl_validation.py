@@ -452,26 +452,8 @@ def _gloo_agreement_worker(rank: int, port: int) -> None:
         dist.destroy_process_group()
 
 
-def test_agreement_check_two_gloo_processes():
-    import socket
-    import time
-
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    ctx = mp.spawn(_gloo_agreement_worker, args=(port,), nprocs=2, join=False)
-    deadline = time.monotonic() + 60
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for proc in ctx.processes:
-                if proc.is_alive():
-                    proc.kill()
-            pytest.fail("gloo workers did not finish within 60 s")
+def test_agreement_check_two_gloo_processes(spawn_gloo):
+    spawn_gloo(_gloo_agreement_worker, 2)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,10 +6,7 @@ COLLECTIVE (rank 1 died), tear the ranks down and start fresh ones for the next 
 
 import os
 
-import torch
 from vllm.distributed.parallel_state import get_pcp_group
-
-EXPECTED_INVARIANT = "COLLECTIVE"
 
 
 def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):

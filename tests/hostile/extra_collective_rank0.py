@@ -1,6 +1,5 @@
 """Hostile target: rank 0 issues one all_gather more than its peers (a debug gather left in)."""
 
-import torch
 from vllm.distributed.parallel_state import get_pcp_group
 
 

@@ -8,10 +8,7 @@ report COLLECTIVE (rank 1 did not return) and kill the ranks it started.
 import os
 import time
 
-import torch
 from vllm.distributed.parallel_state import get_pcp_group
-
-EXPECTED_INVARIANT = "COLLECTIVE"
 
 
 def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):

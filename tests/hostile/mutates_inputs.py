@@ -1,6 +1,5 @@
 """Hostile target: correct outputs, but it zeroes the caller's first tensor in place."""
 
-import torch
 from vllm.distributed.parallel_state import get_pcp_group
 
 

@@ -1,6 +1,5 @@
 """Hostile target: rank 0 raises before any collective; its peers wait for it."""
 
-import torch
 from vllm.distributed.parallel_state import get_pcp_group
 
 

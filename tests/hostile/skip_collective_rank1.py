@@ -8,8 +8,6 @@ with a COLLECTIVE verdict (never hang) and leave no process behind.
 import torch
 from vllm.distributed.parallel_state import get_pcp_group
 
-EXPECTED_INVARIANT = "COLLECTIVE"
-
 
 def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
     pcp_group = get_pcp_group()

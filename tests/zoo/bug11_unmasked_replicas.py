@@ -12,7 +12,6 @@ COLLECTIVE hold: P*L rows, P*L slots, same shapes on every rank). In dcp, UNIQUE
 owns a decode token. Wrong in replicated and dcp (branch E).
 """
 
-import torch
 from vllm.distributed.parallel_state import get_pcp_group
 
 
