@@ -499,23 +499,7 @@ def _load_impl(function: str | None) -> Target:
         impl = importlib.import_module("impl")
     except Exception as exc:  # noqa: BLE001
         raise LoadError(f"cannot import the bundled implementation (impl): {_one_line(exc)}") from None
-    name = function or "gather_prefill_cache_inputs"
-    fn = getattr(impl, name, None)
-    if fn is None:
-        raise LoadError(f"impl has no {name} (the bundled implementation is incomplete)")
-    if not callable(fn):
-        raise LoadError(f"impl.{name} is not callable ({type(fn).__name__})")
-    accepts_shard, accepts_group, shard_positional = _signature_flags(fn)
-    return Target(
-        name=f"impl:{name}",
-        function=fn,
-        accepts_shard=accepts_shard,
-        accepts_group=accepts_group,
-        stand_ins=[],
-        source="impl",
-        function_name=name,
-        shard_positional=shard_positional,
-    )
+    return _make_target(impl, function, "impl", "impl", None, "impl")
 
 
 def _load_file(path: Path, function: str | None) -> Target:
