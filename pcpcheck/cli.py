@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pcpcheck: internal error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # the reader went away (`pcpcheck | head`): nothing left to say
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
         return EXIT_USAGE
     except OSError as exc:  # --json or --repro-dir not writable
         print(f"pcpcheck: cannot write {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)

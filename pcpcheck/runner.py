@@ -15,7 +15,6 @@ Two things must never hang a run:
 
 from __future__ import annotations
 
-import io
 import queue
 import sys
 import threading
@@ -49,7 +48,7 @@ class RankOutcome:
         self.error_detail = traceback.format_exc(limit=-6)
 
 
-class _RankOutput(io.TextIOBase):
+class _RankOutput:
     """Stands in for sys.stdout/sys.stderr: what a rank prints (a noisy target) goes into its
     outcome, what any other thread prints passes through. Installed once, never removed, so a
     runner thread abandoned inside a hung target cannot leave the streams redirected."""
