@@ -26,6 +26,7 @@ from .parallel_state import as_group, get_pcp_group
 __all__ = [
     "CHECK_ND_AGREEMENT",
     "check_expanded_index_fits",
+    "check_expanded_map",
     "check_nd_agreement",
     "check_slot_mapping",
     "check_tensor",
@@ -133,18 +134,16 @@ def validate_gather_inputs(
     tensors: Any,
     slot_mapping: Any,
     num_decode_tokens: Any,
-    world_size: int | None = None,
     *,
     names: Sequence[str] | None = None,
 ) -> tuple[tuple[torch.Tensor, ...], int, int, int]:
     """Check the gather's inputs; return ``(tensors as a tuple, L, S, nd)``.
 
-    The one place the gather's inputs are checked (the MLA and indexer wrappers call it too).
-    ``world_size`` (P), when given and ``S > L``, adds the expanded-map checks: the map must have
-    exactly ``P*L`` entries (or any length when L = 0: there are no rows to pair) and ``P*L`` must
-    fit the slot dtype. ``names``: what to call each tensor in messages (default ``tensors[i]``).
-    Raises TypeError for a wrong kind of argument and ValueError for a wrong value. Reads only
-    shapes, dtypes and devices: never a tensor's values (no device sync).
+    The one place the gather's inputs are checked (the MLA and indexer wrappers call it too);
+    once the group is known, `check_expanded_map` adds what needs P. ``names``: what to call each
+    tensor in messages (default ``tensors[i]``). Raises TypeError for a wrong kind of argument and
+    ValueError for a wrong value. Reads only shapes, dtypes and devices: never a tensor's values
+    (no device sync).
     """
     if not isinstance(tensors, (tuple, list)):
         raise TypeError(f"tensors must be a tuple or list of tensors, got {_type_name(tensors)}")
@@ -170,9 +169,13 @@ def validate_gather_inputs(
                 "tensor and slot_mapping must be on one device)"
             )
     nd = _check_num_decode_tokens(num_decode_tokens, num_rows)
-    num_slots = slot_mapping.shape[0]
-    if world_size is not None and num_slots > num_rows:
-        world_size = _check_world_size(world_size)
+    return tuple(tensors), num_rows, slot_mapping.shape[0], nd
+
+
+def check_expanded_map(num_rows: int, num_slots: int, world_size: int, dtype: torch.dtype) -> None:
+    """An expanded map (S > L) must have exactly ``P*L`` entries (any length when L = 0: there
+    are no rows to pair), and ``P*L`` must fit the slot dtype."""
+    if num_slots > num_rows:
         total = world_size * num_rows
         if num_slots < total:
             raise ValueError(
@@ -186,8 +189,7 @@ def validate_gather_inputs(
                 f"{total}: rows and slots would not pair (an expanded map has exactly P*L entries; "
                 "tensors cut below the map's rank stride W shift rows against slots)"
             )
-        check_expanded_index_fits(num_rows, world_size, slot_mapping.dtype)
-    return tuple(tensors), num_rows, num_slots, nd
+        check_expanded_index_fits(num_rows, world_size, dtype)
 
 
 def check_nd_agreement(
@@ -290,7 +292,7 @@ def _gather(
 
     group = get_pcp_group() if group is None else as_group(group)
     world_size = _check_world_size(group.world_size)
-    validate_gather_inputs(tensors, slot_mapping, nd, world_size, names=names)
+    check_expanded_map(num_rows, num_slots, world_size, slot_mapping.dtype)
     shard = bool(shard_decode_requests)
     if CHECK_ND_AGREEMENT if check_agreement is None else check_agreement:
         check_nd_agreement(group, num_rows, num_slots, nd, shard, slot_mapping.device)
