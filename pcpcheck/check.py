@@ -137,7 +137,7 @@ def observe(prepared: Prepared, rank: int, inputs, outcome, kernel=None) -> Rank
                     output=outcome.output)
     specs = prepared.case.tensors
     outputs = None
-    if view.error is None and not _incomplete(outcome.trace):
+    if view.error is None and not incomplete(outcome.trace):
         problem = _malformed(outcome.value, specs)
         if problem:
             view.error = f"returned {problem}"
@@ -172,7 +172,8 @@ def written_caches(prepared: Prepared, outputs, kernel, num_slots: int) -> list[
     return caches
 
 
-def _incomplete(trace) -> bool:
+def incomplete(trace) -> bool:
+    """Whether a rank's trace records a collective or call that never completed."""
     return any(entry[0] == inv.INCOMPLETE for entry in trace)
 
 
@@ -224,7 +225,7 @@ def judge(prepared: Prepared, views: list[RankView]) -> tuple[list[Violation], t
     traces = [view.trace for view in views]
     if not inv.collective_agreement(traces):
         common = max(traces, key=traces.count)  # blame the ranks that differ from the majority
-        failed[COLLECTIVE] = [r for r in ranks if traces[r] != common or _incomplete(traces[r])]
+        failed[COLLECTIVE] = [r for r in ranks if traces[r] != common or incomplete(traces[r])]
     sharded_cache = prepared.case.batch.dcp_size > 1
     cache_invariant = SHARD if sharded_cache else REPLICA
     for k in range(len(prepared.case.tensors)):

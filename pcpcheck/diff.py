@@ -7,9 +7,10 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
 from pcpcheck import report
 from pcpcheck.cases import cases, describe
-from pcpcheck.check import Observation
+from pcpcheck.check import Observation, incomplete
 from pcpcheck.loader import load_target
 from pcpcheck.runner import ThreadRunner
+from spec.invariants import INCOMPLETE
 
 EXIT_SAME, EXIT_DIFFERENT = 0, 1
 
@@ -25,7 +26,7 @@ def outcome(observation: Observation, rank: int):
     view = observation.ranks[rank]
     if view.error is not None:
         return ("raised",)
-    if any(entry[0] == "incomplete" for entry in view.trace):
+    if incomplete(view.trace):
         return ("collective failed",)
     return ("caches", view.caches)
 
@@ -61,9 +62,9 @@ def side(observation: Observation, rank: int) -> str:
     view = observation.ranks[rank]
     if view.error:
         return f"error: {view.error}"
-    incomplete = [e[1] for e in view.trace if e[0] == "incomplete"]
-    if incomplete:
-        return f"collective failed: {incomplete[0]}"
+    reasons = [entry[1] for entry in view.trace if entry[0] == INCOMPLETE]
+    if reasons:
+        return f"collective failed: {reasons[0]}"
     diffs = report.cache_diff(observation, rank)
     return "cache as expected" if not diffs else "cache: " + "; ".join(diffs)
 

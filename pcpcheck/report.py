@@ -90,9 +90,8 @@ def counterexample(observation: Observation, regime: str, source: str,
         for k in range(1, len(view.rows)):
             if view.rows[k] != view.rows[0]:
                 lines.append(f"          out rows of tensor {k} {rows_text(view.rows[k])}")
-        collectives = [e for e in view.trace]
-        if collectives:
-            lines.append("          collectives: " + "; ".join(" ".join(map(str, e)) for e in collectives))
+        if view.trace:
+            lines.append("          collectives: " + "; ".join(" ".join(map(str, e)) for e in view.trace))
         if view.output.strip():
             printed = view.output.strip().splitlines()
             lines.append(f"          printed: {printed[0][:120]}"
