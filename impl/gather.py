@@ -27,10 +27,12 @@ __all__ = [
     "CHECK_ND_AGREEMENT",
     "check_expanded_index_fits",
     "check_expanded_map",
+    "check_flag",
     "check_nd_agreement",
     "check_slot_mapping",
     "check_tensor",
     "gather_prefill_cache_inputs",
+    "resolve_shard_flag",
     "select_branch",
     "validate_gather_inputs",
 ]
@@ -54,10 +56,27 @@ def _type_name(x: Any) -> str:
     return type(x).__name__
 
 
+def _check_dense(name: str, t: torch.Tensor) -> None:
+    # Nested and sparse tensors have no plain row dimension to slice and concatenate: refuse
+    # them here rather than let torch fail deep inside (a nested tensor cannot even report
+    # its shape).
+    if t.is_nested:
+        raise TypeError(
+            f"{name} is a nested tensor ({t.layout}): expected a dense tensor whose dim 0 holds "
+            "the rows (pad it with .to_padded_tensor(...) or concatenate its components)"
+        )
+    if t.layout != torch.strided:
+        raise TypeError(
+            f"{name} has the layout {t.layout}: expected a dense (torch.strided) tensor; call "
+            ".to_dense() first"
+        )
+
+
 def check_tensor(name: str, t: Any) -> torch.Tensor:
-    """``t`` must be a tensor with at least one dimension (its rows)."""
+    """``t`` must be a dense tensor with at least one dimension (its rows)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {_type_name(t)}")
+    _check_dense(name, t)
     if t.dim() == 0:
         raise ValueError(
             f"{name} is 0-dimensional (a scalar): expected a tensor whose dim 0 holds the rows"
@@ -69,6 +88,7 @@ def check_slot_mapping(slot_mapping: Any) -> torch.Tensor:
     """``slot_mapping`` must be a 1-D tensor of a signed integer dtype (it holds PAD_SLOT_ID -1)."""
     if not isinstance(slot_mapping, torch.Tensor):
         raise TypeError(f"slot_mapping must be a torch.Tensor, got {_type_name(slot_mapping)}")
+    _check_dense("slot_mapping", slot_mapping)
     if slot_mapping.dim() != 1:
         raise ValueError(
             f"slot_mapping must be 1-D (one slot per token), got shape {tuple(slot_mapping.shape)}"
@@ -96,6 +116,47 @@ def check_expanded_index_fits(num_rows: int, world_size: int, dtype: torch.dtype
             f"the expanded slot map length P*L = {world_size}*{num_rows} = {total} overflows "
             f"slot_mapping's dtype {dtype} (max {limit}): use a wider slot dtype (int64)"
         )
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """A flag (``shard_decode_requests``, ``use_pcp``) must be a Python bool.
+
+    vLLM passes config values that are bools; anything else is a mistake that truthiness would
+    hide (``"False"``, ``"no"``, ``2`` or a group passed positionally all read as True and take
+    the sharded branch). ``numpy.bool_`` and bool tensors are refused too, with the hint
+    ``bool(x)``: one accepted type keeps the check simple, and reading a tensor costs a device
+    sync on every call.
+    """
+    if type(value) is bool:
+        return value
+    kind = type(value)
+    if isinstance(value, torch.Tensor):
+        got, bool_like = _type_name(value), value.dtype == torch.bool
+    elif kind.__module__ == "numpy":
+        got, bool_like = f"numpy.{kind.__name__} {value!r}", getattr(value, "dtype", None) == bool
+    elif isinstance(value, (int, float, str, type(None))):
+        got, bool_like = f"{kind.__name__} {value!r}", False
+    else:  # a group or other object: its repr may be long or hold an address
+        got, bool_like = kind.__qualname__, False
+    raise TypeError(
+        f"{name} must be a bool (True or False), got {got}" + (": pass bool(x)" if bool_like else "")
+    )
+
+
+def resolve_shard_flag(pcp_shard_decode_requests: Any, shard_decode_requests: Any) -> bool:
+    """The wrappers' shard flag: vLLM 0.33.0's ``pcp_shard_decode_requests`` (default False) or
+    the older keyword ``shard_decode_requests`` (default None: not given). Both given is refused
+    when they could disagree (the new name set to True)."""
+    new = check_flag("pcp_shard_decode_requests", pcp_shard_decode_requests)
+    if shard_decode_requests is None:
+        return new
+    old = check_flag("shard_decode_requests", shard_decode_requests)
+    if new:
+        raise TypeError(
+            "the shard flag was given twice: pass pcp_shard_decode_requests (vLLM 0.33.0's name) "
+            "or shard_decode_requests (the older name), not both"
+        )
+    return old
 
 
 def _check_num_decode_tokens(num_decode_tokens: Any, num_rows: int) -> int:
@@ -284,6 +345,7 @@ def _gather(
     check_agreement: bool | None,
     names: Sequence[str] | None = None,
 ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    shard = check_flag("shard_decode_requests", shard_decode_requests)
     tensors, num_rows, num_slots, nd = validate_gather_inputs(
         tensors, slot_mapping, num_decode_tokens, names=names
     )
@@ -293,7 +355,6 @@ def _gather(
     group = get_pcp_group() if group is None else as_group(group)
     world_size = _check_world_size(group.world_size)
     check_expanded_map(num_rows, num_slots, world_size, slot_mapping.dtype)
-    shard = bool(shard_decode_requests)
     if CHECK_ND_AGREEMENT if check_agreement is None else check_agreement:
         check_nd_agreement(group, num_rows, num_slots, nd, shard, slot_mapping.device)
     branch = select_branch(num_rows, num_slots, nd, shard)

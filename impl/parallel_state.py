@@ -1,8 +1,9 @@
 """PCP group provider and the adapter for plain torch.distributed groups.
 
-A *vLLM-style group* has ``world_size``, ``rank_in_group`` and ``all_gather(t, dim=0)`` returning
-the rank-major concatenation. A plain ``torch.distributed.ProcessGroup`` is presented in that
-shape by :class:`ProcessGroupAdapter`.
+A *vLLM-style group* is anything with ``world_size`` and ``all_gather(t, dim=0)`` returning the
+rank-major concatenation: all that vLLM's gather reads, and all its unit tests' fake groups carry.
+The gather reads nothing else from it (no ``rank_in_group``). A plain
+``torch.distributed.ProcessGroup`` is presented in that shape by :class:`ProcessGroupAdapter`.
 
 The provider mirrors vLLM's ``get_pcp_group()``: ``set_pcp_group`` registers either a group or a
 zero-argument callable returning one. A callable is called on every ``get_pcp_group()`` (the
@@ -43,15 +44,12 @@ def _is_process_group(obj: Any) -> bool:
 
 
 def _is_vllm_group(obj: Any) -> bool:
-    return (
-        hasattr(obj, "world_size")
-        and hasattr(obj, "rank_in_group")
-        and callable(getattr(obj, "all_gather", None))
-    )
+    return hasattr(obj, "world_size") and callable(getattr(obj, "all_gather", None))
 
 
 class ProcessGroupAdapter:
-    """vLLM-style view (``world_size``, ``rank_in_group``, ``all_gather``) of a ProcessGroup."""
+    """vLLM-style view of a ProcessGroup: ``world_size``, ``all_gather`` (what the gather reads)
+    and ``rank_in_group`` (for callers that want it)."""
 
     def __init__(self, process_group: Any) -> None:
         if not _is_process_group(process_group):
@@ -95,7 +93,7 @@ def as_group(group: Any) -> Any:
         return group
     raise TypeError(
         "a PCP group must be a torch.distributed.ProcessGroup or a vLLM-style group with "
-        f"world_size, rank_in_group and all_gather(t, dim=0); got {type(group).__name__}"
+        f"world_size and all_gather(t, dim=0); got {type(group).__name__}"
     )
 
 

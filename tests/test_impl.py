@@ -267,7 +267,7 @@ def test_mla_zero_rows_works():
         k_pe.reshape(0, -1)
     flat = torch.empty(0, 4, dtype=BF16)
     g = FakeGroup(2, 1, [[kv, kv], [flat, flat]])
-    kv_out, k_pe_out, s_out = gather_mla_cache_inputs(kv, k_pe, slots([-1, -1]), 0, True, group=g)
+    kv_out, k_pe_out, s_out = gather_mla_cache_inputs(kv, k_pe, slots([-1, -1]), 0, True, True, group=g)
     g.done()
     assert tuple(kv_out.shape) == (0, 8) and tuple(k_pe_out.shape) == (0, 1, 4)
     assert s_out.numel() == 0
@@ -279,7 +279,7 @@ def test_mla_restores_k_pe_shape_branch_e():
     flat = [t.reshape(3, 4) for t in k_pe]
     g = FakeGroup(2, 0, [[kv[0][1:], kv[1][1:]], [flat[0][1:], flat[1][1:]]])
     s = slots([1, 2, 3, -1, 5, 6])
-    kv_out, k_pe_out, s_out = gather_mla_cache_inputs(kv[0], k_pe[0], s, 1, False, group=g)
+    kv_out, k_pe_out, s_out = gather_mla_cache_inputs(kv[0], k_pe[0], s, 1, True, False, group=g)
     g.done()
     assert_same(s_out, slots([1, 2, 3, 5, 6]))
     assert_same(kv_out, torch.cat([kv[0], kv[1][1:]]))
@@ -289,10 +289,15 @@ def test_mla_restores_k_pe_shape_branch_e():
 
 def test_mla_unchanged_when_nd_none_or_no_pcp():
     kv, k_pe, s = torch.ones(3, 2), torch.ones(3, 1, 2), slots([-1] * 6)
-    for kwargs in ({"num_decode_tokens": None}, {"num_decode_tokens": 1, "use_pcp": False}):
-        nd = kwargs.pop("num_decode_tokens")
-        out = gather_mla_cache_inputs(kv, k_pe, s, nd, True, group=NoCollectiveGroup(), **kwargs)
+    for nd, use_pcp in ((None, True), (1, False)):
+        out = gather_mla_cache_inputs(kv, k_pe, s, nd, use_pcp, True, group=NoCollectiveGroup())
         assert out[0] is kv and out[1] is k_pe and out[2] is s
+
+
+def test_indexer_unchanged_when_no_pcp():
+    k, s = torch.ones(5, 2), slots([-1] * 6)
+    out = gather_indexer_cache_inputs(k, s, 1, False, True, group=NoCollectiveGroup())
+    assert out[0] is k and out[1] is s
 
 
 def test_indexer_truncates_to_s_over_p_when_s_exceeds_rows():
@@ -300,7 +305,7 @@ def test_indexer_truncates_to_s_over_p_when_s_exceeds_rows():
     k = [torch.arange(6, dtype=torch.int64) + 100 * r for r in range(2)]
     g = FakeGroup(2, 0, [[k[0][:4], k[1][:4]]])  # checks the local tensor was cut to 4 rows
     s = slots(list(range(8)))
-    k_out, s_out = gather_indexer_cache_inputs(k[0], s, 0, True, group=g)
+    k_out, s_out = gather_indexer_cache_inputs(k[0], s, 0, True, True, group=g)
     g.done()
     assert_same(k_out, torch.tensor([0, 1, 2, 3, 100, 101, 102, 103]))
     assert_same(s_out, s)
@@ -308,7 +313,7 @@ def test_indexer_truncates_to_s_over_p_when_s_exceeds_rows():
 
 def test_indexer_truncates_to_s_rows_otherwise():
     k = torch.arange(10, dtype=torch.float32).reshape(5, 2)
-    k_out, s_out = gather_indexer_cache_inputs(k, slots([3, 4, 5]), 2, False, group=NoCollectiveGroup())
+    k_out, s_out = gather_indexer_cache_inputs(k, slots([3, 4, 5]), 2, True, False, group=NoCollectiveGroup())
     assert_same(k_out, k[:3])
     assert_same(s_out, slots([3, 4, 5]))
 
@@ -458,7 +463,7 @@ def _gloo_worker(rank: int, port: int, world_size: int) -> None:
             assert_same(got, w)
         # Zero local rows through the MLA wrapper and real gloo (bug class 9).
         kv_out, k_pe_out, s_out = gather_mla_cache_inputs(
-            torch.empty(0, 8, dtype=BF16), torch.empty(0, 1, 4, dtype=E4M3), slots([-1, -1]), 0, True
+            torch.empty(0, 8, dtype=BF16), torch.empty(0, 1, 4, dtype=E4M3), slots([-1, -1]), 0, True, True
         )
         assert [tuple(kv_out.shape), tuple(k_pe_out.shape), tuple(s_out.shape)] == [(0, 8), (0, 1, 4), (0,)]
         # The adapter itself: bool, int16, fp8 e5m2 travel as bytes; dim=1; non-contiguous input.

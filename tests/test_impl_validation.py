@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 import impl
 import impl.gather as impl_gather
+import reference
 from impl import (
     check_expanded_index_fits,
     gather_indexer_cache_inputs,
@@ -191,6 +192,10 @@ def _disagreeing_nd():
     raise errors[0]
 
 
+def _nested():
+    return torch.nested.nested_tensor([torch.zeros(2, 3), torch.zeros(1, 3)], layout=torch.jagged)
+
+
 def _meta_overflow():
     # int32 slot map, L = 2**30 rows, P = 2: P*L = 2**31 > 2**31 - 1. Meta tensors: no memory.
     rows = torch.empty(2**30, 8, device="meta")
@@ -212,14 +217,48 @@ CASES = [
          r"row counts differ: tensors\[0\] has 3 rows, tensors\[1\] has 2"),
     Case("mla-rows-differ", "MLA: `kv_c_normed` and `k_pe` row counts differ",
          lambda: gather_mla_cache_inputs(torch.zeros(3, 4), torch.zeros(2, 1, 2), slots([0]), 0,
-                                         False, group=_g()),
+                                         True, group=_g()),
          ValueError, "kv_c_normed has 3 rows, k_pe has 2"),
     Case("mla-k_pe", "MLA: `k_pe` not a tensor",
-         lambda: gather_mla_cache_inputs(torch.zeros(3, 4), None, slots([0]), 0, False, group=_g()),
+         lambda: gather_mla_cache_inputs(torch.zeros(3, 4), None, slots([0]), 0, True, group=_g()),
          TypeError, "k_pe must be a torch.Tensor, got NoneType"),
     Case("indexer-k", "indexer: `k` 0-d",
-         lambda: gather_indexer_cache_inputs(torch.tensor(2.0), slots([0]), 0, False, group=_g()),
+         lambda: gather_indexer_cache_inputs(torch.tensor(2.0), slots([0]), 0, True, group=_g()),
          ValueError, "k is 0-dimensional"),
+    Case("sparse", "a sparse tensor (any non-strided layout)",
+         _gather((torch.zeros(3, 2).to_sparse(),), slots([0]), 0), TypeError,
+         r"tensors\[0\] has the layout torch.sparse_coo: expected a dense \(torch.strided\) tensor"),
+    Case("nested", "a nested tensor",
+         _gather((_nested(),), slots([0]), 0), TypeError, r"tensors\[0\] is a nested tensor"),
+    Case("slot-sparse", "`slot_mapping` sparse",
+         _gather(_T3, slots([0, -1]).to_sparse(), 0), TypeError,
+         "slot_mapping has the layout torch.sparse_coo"),
+    Case("shard-str", "`shard_decode_requests` a string (\"False\" would read as True)",
+         _gather(_T3, slots(list(range(6))), 0, "False"), TypeError,
+         "shard_decode_requests must be a bool .True or False., got str 'False'$"),
+    Case("shard-int", "`shard_decode_requests` an int",
+         _gather(_T3, slots([0]), 0, 2), TypeError,
+         "shard_decode_requests must be a bool .True or False., got int 2$"),
+    Case("shard-group", "a group passed positionally as `shard_decode_requests`",
+         lambda: gather_prefill_cache_inputs(_T3, slots(list(range(6))), 0, _g()), TypeError,
+         "shard_decode_requests must be a bool .True or False., got NoCollectiveGroup$"),
+    Case("shard-numpy", "`shard_decode_requests` a numpy bool",
+         _gather(_T3, slots([0]), 0, np.bool_(False)), TypeError,
+         r"got numpy.bool_? np.False_: pass bool\(x\)"),
+    Case("shard-tensor", "`shard_decode_requests` a bool tensor",
+         _gather(_T3, slots([0]), 0, torch.tensor(True)), TypeError,
+         r"got 0-d torch.Tensor of torch.bool: pass bool\(x\)"),
+    Case("use_pcp-int", "wrappers: `use_pcp` not a bool",
+         lambda: gather_indexer_cache_inputs(torch.zeros(3, 2), slots([0]), 0, 1), TypeError,
+         "use_pcp must be a bool .True or False., got int 1"),
+    Case("pcp-shard-str", "wrappers: `pcp_shard_decode_requests` not a bool",
+         lambda: gather_mla_cache_inputs(torch.zeros(3, 4), torch.zeros(3, 1, 2), slots([0]), 0, True,
+                                         "no"),
+         TypeError, "pcp_shard_decode_requests must be a bool .True or False., got str 'no'"),
+    Case("shard-twice", "wrappers: the shard flag given under both names",
+         lambda: gather_mla_cache_inputs(torch.zeros(3, 4), torch.zeros(3, 1, 2), slots([0]), 0, True,
+                                         pcp_shard_decode_requests=True, shard_decode_requests=True),
+         TypeError, "the shard flag was given twice"),
     Case("nd-negative", "`num_decode_tokens` negative", _gather(_T3, slots([0]), -1), ValueError,
          r"num_decode_tokens=-1 is negative: expected 0 <= num_decode_tokens <= L=3"),
     Case("nd-above", "`num_decode_tokens` above the row count L", _gather(_T3, slots([0]), 5),
@@ -371,11 +410,11 @@ def test_agreement_module_flag_and_keyword_override(monkeypatch):
                                 check_nd_agreement=False)
     # Wrappers pass the keyword through (and honour the module flag).
     g = CopiesGroup(2)
-    gather_mla_cache_inputs(torch.zeros(2, 3), torch.zeros(2, 1, 2), slots([1, 2, -1, -1]), 2, False,
+    gather_mla_cache_inputs(torch.zeros(2, 3), torch.zeros(2, 1, 2), slots([1, 2, -1, -1]), 2, True,
                             group=g)
     assert g.calls == [(4,)]
     g = CopiesGroup(2)
-    gather_indexer_cache_inputs(torch.zeros(2, 3), slots([1, 2, -1, -1]), 2, False, group=g,
+    gather_indexer_cache_inputs(torch.zeros(2, 3), slots([1, 2, -1, -1]), 2, True, group=g,
                                 check_nd_agreement=True)
     assert g.calls == [(4,)]
 
@@ -472,10 +511,10 @@ def test_zero_rows_every_reachable_branch(num_slots, shard, branch, check):
     out, s_out = gather_prefill_cache_inputs(empty, s, 0, shard, group=g, check_nd_agreement=check)
     assert [(tuple(t.shape), t.dtype) for t in out] == [((0, 2), torch.bfloat16), ((0, 3), torch.float8_e4m3fn)]
     assert s_out.numel() == 0 and s_out.dtype == torch.int64
-    kv, k_pe, s_mla = gather_mla_cache_inputs(empty[0], torch.empty(0, 1, 4), s, 0, shard, group=g,
+    kv, k_pe, s_mla = gather_mla_cache_inputs(empty[0], torch.empty(0, 1, 4), s, 0, True, shard, group=g,
                                               check_nd_agreement=check)
     assert tuple(kv.shape) == (0, 2) and tuple(k_pe.shape) == (0, 1, 4) and s_mla.numel() == 0
-    k, s_idx = gather_indexer_cache_inputs(torch.empty(0, 5), s, 0, shard, group=g,
+    k, s_idx = gather_indexer_cache_inputs(torch.empty(0, 5), s, 0, True, shard, group=g,
                                            check_nd_agreement=check)
     assert tuple(k.shape) == (0, 5) and s_idx.numel() == 0
 
@@ -490,7 +529,7 @@ def test_zero_rows_nd_above_zero_is_an_error():
 
 
 _TENSOR_DTYPES = [torch.float32, torch.bfloat16, torch.int8, torch.int64, torch.bool, torch.float8_e4m3fn]
-_COMPONENTS = ["tensors", "container", "S", "slot kind", "slot dtype", "nd"]
+_COMPONENTS = ["tensors", "container", "S", "slot kind", "slot dtype", "nd", "shard"]
 _SLOT_DTYPES = [torch.int64, torch.int64, torch.int64, torch.int32, torch.int32, torch.int16,
                 torch.int8, torch.uint8, torch.uint32, torch.float32, torch.bool]
 
@@ -500,7 +539,7 @@ def malformed_inputs(draw):
     # "valid": well-formed input only (so that results, not just errors, get checked);
     # "one": one component drawn from valid and invalid choices, the others well formed;
     # "mixed": every component drawn from valid and invalid choices.
-    mode = draw(st.sampled_from(["valid", "one", "one", "mixed"]), label="mode")
+    mode = draw(st.sampled_from(["valid", "valid", "one", "one", "mixed"]), label="mode")
     free = draw(st.sampled_from(_COMPONENTS), label="free component") if mode == "one" else None
     valid = mode == "valid"
     event(f"mode={mode}" + (f" ({free})" if free else ""))
@@ -538,7 +577,8 @@ def malformed_inputs(draw):
         tensors = tuple(tensors)
 
     total = world_size * num_rows
-    length_kind = pick(["<=L", "between", "P*L", ">P*L", "any"], ["<=L", "P*L"], "S", "S class")
+    # well-formed: an expanded map (branches B-E) twice as often as an unexpanded one (A)
+    length_kind = pick(["<=L", "between", "P*L", ">P*L", "any"], ["<=L", "P*L", "P*L"], "S", "S class")
     length = {
         "<=L": lambda: draw(st.integers(0, num_rows)),
         "between": lambda: draw(st.integers(num_rows + 1, max(num_rows + 1, total - 1))),
@@ -565,7 +605,11 @@ def malformed_inputs(draw):
     nd_value = draw(st.integers(-2, num_rows + 2) if loose("nd") else st.integers(0, nd_max), label="nd")
     nd = {"int": nd_value, "numpy": np.int32(nd_value), "bool": bool(nd_value % 2),
           "float": float(nd_value), "none": None, "tensor": torch.tensor(nd_value)}[nd_kind]
-    shard = draw(st.booleans(), label="shard")
+    shard_kind = pick(["bool"] * 6 + ["str", "int", "numpy", "none"], ["bool"], "shard", "shard kind")
+    shard_value = draw(st.booleans(), label="shard")
+    shard = {"bool": shard_value, "str": str(shard_value), "int": int(shard_value) + 1,
+             "numpy": np.bool_(shard_value), "none": None}[shard_kind]
+    event(f"shard kind={shard_kind}")
     check = draw(st.booleans(), label="check_nd_agreement")
     event(f"S class={length_kind}")
     event(f"slot kind={slot_kind} dtype={slot_dtype}")
@@ -590,20 +634,36 @@ def call_with_timeout(fn, timeout=10.0):
     return box.get("value"), box.get("error")
 
 
-def oracle(inputs, outputs, slots_in, slots_out):
-    """An accepted result: a signed integer slot map (it must hold PAD_SLOT_ID -1); for every
-    tensor, output slots <= output rows, dtype and trailing shape kept; when S <= L, rows == inputs[:S] and slots == slots_in[:S]."""
+def _as_numpy(t: torch.Tensor) -> np.ndarray:
+    """The tensor's bits as numpy (bf16, fp8 and bool have no or no exact numpy dtype); a meta
+    tensor has no values: zeros of its shape stand in (only shapes are then compared)."""
+    if t.device.type == "meta":
+        return np.zeros(tuple(t.shape), dtype=np.int64)
+    return bits(t).numpy()
+
+
+def oracle(inputs, outputs, slots_in, slots_out, world_size, nd, shard):
+    """An accepted result equals the numpy reference's (reference.gather) in every branch.
+
+    The fake group gives every rank this rank's inputs, so the reference runs P identical ranks
+    and rank 0's answer is the expected one: rows bit for bit, slots exactly, dtypes (the slot
+    dtype is the input map's, a signed one that holds PAD_SLOT_ID -1) and trailing shapes kept.
+    """
     assert isinstance(slots_out, torch.Tensor) and slots_out.dim() == 1
     assert slots_out.dtype == slots_in.dtype and torch.iinfo(slots_out.dtype).min < 0  # holds -1
-    num_slots, num_rows = slots_in.shape[0], inputs[0].shape[0]
     assert len({t.device for t in [*outputs, slots_out]}) == 1, "outputs on different devices"
-    for t_in, t_out in zip(inputs, outputs, strict=True):
-        assert t_out.dtype == t_in.dtype and t_out.shape[1:] == t_in.shape[1:]
-        assert slots_out.shape[0] <= t_out.shape[0]
-        if num_slots <= num_rows:
-            assert same(t_out, t_in[:num_slots])
-    if num_slots <= num_rows:
-        assert same(slots_out, slots_in[:num_slots])
+    assert len(outputs) == len(inputs)
+    rank_in = (tuple(_as_numpy(t) for t in inputs), _as_numpy(slots_in))
+    (want_rows, want_slots), *_ = reference.gather(
+        [rank_in[0]] * world_size, [rank_in[1]] * world_size, [int(nd)] * world_size, shard)
+    for t_in, t_out, want in zip(inputs, outputs, want_rows, strict=True):
+        assert t_out.dtype == t_in.dtype and t_out.device == t_in.device
+        assert tuple(t_out.shape) == want.shape, (tuple(t_out.shape), want.shape)
+        if t_out.device.type != "meta":
+            assert np.array_equal(_as_numpy(t_out), want)
+    assert tuple(slots_out.shape) == want_slots.shape, (tuple(slots_out.shape), want_slots.shape)
+    if slots_out.device.type != "meta":
+        assert np.array_equal(slots_out.numpy(), want_slots)
 
 
 @settings(max_examples=int(os.environ.get("PCPCHECK_FUZZ_EXAMPLES", "300")), deadline=5000)
@@ -617,11 +677,11 @@ def test_random_malformed_input_clear_error_or_accepted_result(drawn):
         k_pe_in = seq[1]
 
         def fn():
-            return gather_mla_cache_inputs(seq[0], k_pe_in, s, nd, shard, group=group,
+            return gather_mla_cache_inputs(seq[0], k_pe_in, s, nd, True, shard, group=group,
                                            check_nd_agreement=check)
     elif entry == "indexer" and seq is not None and len(seq) >= 1:
         def fn():
-            return gather_indexer_cache_inputs(seq[0], s, nd, shard, group=group,
+            return gather_indexer_cache_inputs(seq[0], s, nd, True, shard, group=group,
                                                check_nd_agreement=check)
     else:
         entry = "gather"
@@ -642,18 +702,17 @@ def test_random_malformed_input_clear_error_or_accepted_result(drawn):
         assert value[0] is seq[0] and value[1] is k_pe_in and value[2] is s
         return
     if entry == "mla":
-        kv_out, k_pe_out, s_out = value
-        oracle([seq[0], k_pe_in], [kv_out, k_pe_out], s, s_out)
+        inputs, (*outs, s_out) = [seq[0], k_pe_in], value
     elif entry == "indexer":
-        k_out, s_out = value
-        k_in = seq[0]
-        if s.shape[0] > k_in.shape[0]:  # the indexer cuts k to S // P rows before the gather
-            k_in = k_in[: s.shape[0] // world_size]
-        oracle([k_in], [k_out], s, s_out)
+        k_in, num_slots = seq[0], s.shape[0]
+        # the indexer cuts k to S // P rows (S > rows) or S rows before the gather
+        inputs = [k_in[: num_slots // world_size] if num_slots > k_in.shape[0] else k_in[:num_slots]]
+        (*outs, s_out) = value
     else:
-        outs, s_out = value
+        (outs, s_out), inputs = value, seq
         assert isinstance(outs, tuple)
-        oracle(seq, outs, s, s_out)
+    event(f"branch={impl.select_branch(inputs[0].shape[0], s.shape[0], int(nd), shard)}")
+    oracle(inputs, list(outs), s, s_out, world_size, nd, shard)
 
 
 if __name__ == "__main__":  # regenerate docs/errors.md's table from the code
