@@ -11,11 +11,23 @@ world size, ``nd`` = num_decode_tokens):
 - E  ``S > L``, not shard, ``0 < nd < L``: ``T[:nd] ++ all_gather(T[nd:])``, slots
   ``s[:nd] ++ concat_q s[q*L+nd:(q+1)*L]``.
 
+One collective per call: B, D and E issue a single ``all_gather(x, dim=0)`` whatever the number of
+tensors (vLLM issues one per tensor: two for MLA). The wire format ``x``, which a test double
+answering with canned data must produce (the rank-major concatenation of every rank's ``x``):
+
+- one tensor: the tensor itself (made contiguous), its shape and dtype;
+- several tensors, each flattened to ``(n, width)`` rows (``width`` = the product of its trailing
+  dims, so ``n = 0`` works) and placed side by side in call order (``torch.cat(dim=1)``): in their
+  dtype when all dtypes are equal, else each row block as bytes (``.view(torch.uint8)``). The
+  reply, ``(P*n, total width)`` of that dtype, is split by columns back into each tensor's shape
+  and dtype, each output dense (contiguous).
+
 This module states the behaviour independently: it imports only torch and the group provider.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, Sequence
 
@@ -301,15 +313,44 @@ def select_branch(num_rows: int, num_slots: int, nd: int, shard: bool) -> str:
     return "E"
 
 
-def _all_gather(group: Any, t: torch.Tensor, world_size: int) -> torch.Tensor:
-    out = group.all_gather(t.contiguous(), dim=0)
-    expected = (world_size * t.shape[0], *t.shape[1:])
-    if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected or out.dtype != t.dtype:
+def _all_gather_one(group: Any, x: torch.Tensor, world_size: int, what: str) -> torch.Tensor:
+    out = group.all_gather(x, dim=0)
+    expected = (world_size * x.shape[0], *x.shape[1:])
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected or out.dtype != x.dtype:
         got = (tuple(out.shape), out.dtype) if isinstance(out, torch.Tensor) else type(out).__name__
         raise RuntimeError(
-            f"group.all_gather returned {got}, expected shape {expected} dtype {t.dtype}"
+            f"group.all_gather returned {got}{what}, expected shape {expected} dtype {x.dtype}"
         )
     return out
+
+
+def _all_gather(
+    group: Any, tensors: Sequence[torch.Tensor], world_size: int
+) -> tuple[torch.Tensor, ...]:
+    """Every rank's rows of each tensor, rank-major, in ONE all_gather (wire format: module
+    docstring). Bit-exact: bytes are only copied and reinterpreted, never converted."""
+    if len(tensors) == 1:
+        return (_all_gather_one(group, tensors[0].contiguous(), world_size, ""),)
+    num_rows = tensors[0].shape[0]
+    as_bytes = any(t.dtype != tensors[0].dtype for t in tensors)
+    blocks = []
+    for t in tensors:
+        block = t.reshape(num_rows, math.prod(t.shape[1:]))  # explicit width: n = 0 works
+        blocks.append(block.contiguous().view(torch.uint8) if as_bytes else block)
+    packed = torch.cat(blocks, dim=1)
+    what = (f" for the rows of {len(tensors)} tensors packed side by side"
+            + (" as bytes" if as_bytes else ""))
+    out = _all_gather_one(group, packed, world_size, what)
+    outputs, start = [], 0
+    for t, block in zip(tensors, blocks):
+        columns = out[:, start:start + block.shape[1]]
+        start += block.shape[1]
+        shape = (out.shape[0], *t.shape[1:])
+        if columns.numel() == 0:  # a byte view of an empty block cannot change element size
+            outputs.append(torch.empty(shape, dtype=t.dtype, device=out.device))
+        else:
+            outputs.append(columns.contiguous().view(t.dtype).reshape(shape))
+    return tuple(outputs)
 
 
 def gather_prefill_cache_inputs(
@@ -363,7 +404,7 @@ def _gather(
     if branch == "C":  # replicated, all decode: rank 0's block of the map
         return tensors, slot_mapping[:num_rows]
     if branch in ("B", "D"):  # every rank's rows, rank-major
-        return tuple(_all_gather(group, t, world_size) for t in tensors), slot_mapping[:total]
+        return _all_gather(group, tensors, world_size), slot_mapping[:total]
 
     # E: replicated, mixed. Local decode rows with rank 0's decode slots, then every rank's
     # prefill rows with that rank's prefill slots.
@@ -374,7 +415,6 @@ def _gather(
         + torch.arange(nd, num_rows, device=device).unsqueeze(0)
     ).reshape(-1)
     slots_out = slot_mapping[torch.cat((decode_idx, prefill_idx))]
-    rows_out = tuple(
-        torch.cat((t[:nd], _all_gather(group, t[nd:], world_size)), dim=0) for t in tensors
-    )
+    gathered = _all_gather(group, tuple(t[nd:] for t in tensors), world_size)
+    rows_out = tuple(torch.cat((t[:nd], g), dim=0) for t, g in zip(tensors, gathered))
     return rows_out, slots_out

@@ -2,16 +2,21 @@
 
 Branches A and C run with a group whose all_gather fails the test; B, D and E with a fake
 vLLM-style group returning the rank-major concatenation of canned peer tensors (as vLLM's own unit
-tests do), with hand-computed expected outputs. One test runs 2 real gloo processes.
+tests do), with hand-computed expected outputs. impl issues ONE all_gather per call: with several
+tensors the fake group answers the packed form of impl/gather.py's docstring (`packed`). One test
+runs 2 real gloo processes.
 """
 
 from __future__ import annotations
 
 import datetime
+import math
 import threading
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from impl import (
     ProcessGroupAdapter,
@@ -57,12 +62,25 @@ class NoCollectiveGroup:
         pytest.fail(f"all_gather called (shape {tuple(t.shape)}) in a branch that needs none")
 
 
+def packed(tensors) -> torch.Tensor:
+    """The wire format of one call (impl/gather.py's docstring), written from the doc: one tensor
+    as itself; several flattened to (n, width) rows side by side, as bytes when dtypes differ."""
+    if len(tensors) == 1:
+        return tensors[0]
+    n = tensors[0].shape[0]
+    blocks = [t.reshape(n, math.prod(t.shape[1:])) for t in tensors]
+    if len({t.dtype for t in tensors}) > 1:
+        blocks = [b.contiguous().view(torch.uint8) for b in blocks]
+    return torch.cat(blocks, dim=1)
+
+
 class FakeGroup:
     """vLLM-style group returning canned peer data.
 
-    ``payloads`` holds, per expected all_gather call in order, every rank's tensor (rank-major).
-    Each call checks that the local input is bit-identical to this rank's canned tensor, then
-    returns the rank-major concatenation.
+    ``payloads`` holds, per expected all_gather call in order, every rank's tensors of the call
+    (rank-major: one tuple per rank). Each call checks that the local input is bit-identical to
+    this rank's tensors in the packed form, then returns the rank-major concatenation of every
+    rank's packed form.
     """
 
     def __init__(self, world_size: int, rank: int, payloads) -> None:
@@ -74,7 +92,7 @@ class FakeGroup:
     def all_gather(self, t, dim=0):
         assert dim == 0
         assert self.calls < len(self.payloads), "more all_gather calls than expected"
-        per_rank = self.payloads[self.calls]
+        per_rank = [packed(ts) for ts in self.payloads[self.calls]]
         self.calls += 1
         assert len(per_rank) == self.world_size
         assert_same(t, per_rank[self.rank_in_group])
@@ -171,7 +189,7 @@ def test_branch_b_golden_sharded_decodes():
     # E = [123, 789, 456, -1]; rows [11, 33 | 22, 0] -> [11, 33, 22, 0].
     r0 = (torch.tensor([11, 33], dtype=I8), torch.tensor([[1.5], [3.5]], dtype=BF16))
     r1 = (torch.tensor([22, 0], dtype=I8), torch.tensor([[2.5], [0.0]], dtype=BF16))
-    g = FakeGroup(2, 0, [[r0[0], r1[0]], [r0[1], r1[1]]])
+    g = FakeGroup(2, 0, [[r0, r1]])
     s = slots([123, 789, 456, -1])
     out, s_out = gather_prefill_cache_inputs(r0, s, 2, True, group=g)
     g.done()
@@ -183,7 +201,7 @@ def test_branch_b_golden_sharded_decodes():
 @pytest.mark.parametrize("rank", [0, 1])
 def test_branch_b_three_dtypes(rank):
     per_rank = [rank_tensors(r, 3) for r in range(2)]
-    g = FakeGroup(2, rank, [[per_rank[0][k], per_rank[1][k]] for k in range(3)])
+    g = FakeGroup(2, rank, [per_rank])
     s = slots([4, 5, -1, 6, 7, 8])  # S = P*L = 6 (S > P*L is a ValueError: test_impl_validation)
     before = clone_all([*per_rank[rank], s])
     out, s_out = gather_prefill_cache_inputs(per_rank[rank], s, 1, True, group=g)
@@ -198,7 +216,7 @@ def test_branch_b_three_dtypes(rank):
 
 def test_branch_d_no_decode_gathers_all():
     per_rank = [rank_tensors(r, 3) for r in range(2)]
-    g = FakeGroup(2, 1, [[per_rank[0][k], per_rank[1][k]] for k in range(3)])
+    g = FakeGroup(2, 1, [per_rank])
     s = slots([0, 1, 2, 3, 4, -1])
     out, s_out = gather_prefill_cache_inputs(per_rank[1], s, 0, False, group=g)
     g.done()
@@ -213,7 +231,7 @@ def test_branch_e_golden_mixed(rank):
     # pcp-semantics golden: nd = 1, W = 4, expanded [10, 11, 12, 13, -1, 21, 22, 23]
     # -> cache slots [10, 11, 12, 13, 21, 22, 23]. Local decode row, then each rank's prefills.
     per_rank = [rank_tensors(r, 4) for r in range(2)]
-    g = FakeGroup(2, rank, [[per_rank[0][k][1:], per_rank[1][k][1:]] for k in range(3)])
+    g = FakeGroup(2, rank, [[tuple(t[1:] for t in ts) for ts in per_rank]])
     s = slots([10, 11, 12, 13, -1, 21, 22, 23])
     before = clone_all([*per_rank[rank], s])
     out, s_out = gather_prefill_cache_inputs(per_rank[rank], s, 1, False, group=g)
@@ -230,7 +248,7 @@ def test_branch_e_golden_mixed(rank):
 def test_branch_e_three_ranks_two_decodes():
     # P = 3, L = 4, nd = 2: s[:2] ++ s[2:4] ++ s[6:8] ++ s[10:12].
     per_rank = [torch.arange(4, dtype=torch.int64) + 100 * r for r in range(3)]
-    g = FakeGroup(3, 2, [[t[2:] for t in per_rank]])
+    g = FakeGroup(3, 2, [[(t[2:],) for t in per_rank]])
     s = torch.arange(12, dtype=torch.int32) * 10
     (out,), s_out = gather_prefill_cache_inputs([per_rank[2]], s, 2, False, group=g)
     g.done()
@@ -247,13 +265,123 @@ def test_zero_rows_every_branch():
     out, s_out = gather_prefill_cache_inputs(empty, slots([]), 0, False, group=NoCollectiveGroup())
     assert [tuple(t.shape) for t in out] == [(0, 2), (0, 3)] and s_out.numel() == 0
     # Expanded-looking map with L = 0: shard -> B gathers empty tensors.
-    g = FakeGroup(2, 0, [[empty[0], empty[0]], [empty[1], empty[1]]])
+    g = FakeGroup(2, 0, [[empty, empty]])
     out, s_out = gather_prefill_cache_inputs(empty, slots([-1, -1]), 0, True, group=g)
     g.done()
     assert [tuple(t.shape) for t in out] == [(0, 2), (0, 3)] and s_out.numel() == 0
     # not shard, nd == L == 0: branch C (listed before D), no collective.
     out, s_out = gather_prefill_cache_inputs(empty, slots([-1, -1]), 0, False, group=NoCollectiveGroup())
     assert [tuple(t.shape) for t in out] == [(0, 2), (0, 3)] and s_out.numel() == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# one all_gather per call, whatever the number of tensors; bit-identical to one per tensor
+
+DTYPES = [torch.bool, torch.uint8, I8, torch.int16, torch.int32, torch.int64, torch.float16, BF16,
+          torch.float32, torch.float64, E4M3, E5M2, torch.complex64]
+TRAILING = [(), (1,), (3,), (1, 64), (2, 4), (0,), (2, 0, 3)]
+
+
+def random_tensor(dtype: torch.dtype, shape, seed: int) -> torch.Tensor:
+    """Random bytes read as ``dtype`` (NaN payloads, infinities, subnormals); bools 0 or 1."""
+    gen = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=gen).bool()
+    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    return torch.randint(0, 256, (nbytes,), generator=gen, dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def run_world(runner, per_rank, slot_map, nd, shard):
+    """Every rank calls the gather on its tensors over the thread runner's group (a real
+    rank-major all_gather that records each call in the rank's trace)."""
+    from pcpcheck.rankctx import current_group
+
+    outcomes = runner.run(len(per_rank), lambda rank: gather_prefill_cache_inputs(
+        per_rank[rank], slot_map, nd, shard, group=current_group()))
+    for rank, outcome in enumerate(outcomes):
+        assert outcome.error is None, f"rank {rank}: {outcome.error}\n{outcome.error_detail}"
+    return outcomes
+
+
+def expected_rows(per_rank, rank, k, nd, branch):
+    """Tensor k's rows on ``rank``, one tensor at a time (section 5): what one all_gather per
+    tensor returns."""
+    if branch == "C":
+        return per_rank[rank][k]
+    if branch == "E":
+        return torch.cat([per_rank[rank][k][:nd], *(ts[k][nd:] for ts in per_rank)])
+    return torch.cat([ts[k] for ts in per_rank])
+
+
+@pytest.mark.parametrize("branch, nd, shard", [("B", 1, True), ("D", 0, False), ("E", 1, False)])
+@pytest.mark.parametrize("specs", [
+    [(BF16, (4,))],
+    [(BF16, (512,)), (BF16, (64,))],  # MLA: kv_c_normed and k_pe flattened
+    [(BF16, (8,)), (E4M3, (1, 4))],  # different widths and dtypes
+    [(torch.float32, (2,)), (torch.bool, ()), (E5M2, (2, 3)), (torch.int64, (1,))],
+], ids=["one", "mla", "two-dtypes", "four"])
+def test_one_all_gather_per_call_whatever_the_number_of_tensors(runner, specs, branch, nd, shard):
+    world_size, num_rows = 3, 3
+    per_rank = [tuple(random_tensor(dtype, (num_rows, *trailing), 10 * rank + k)
+                      for k, (dtype, trailing) in enumerate(specs)) for rank in range(world_size)]
+    outcomes = run_world(runner, per_rank, slots(range(world_size * num_rows)), nd, shard)
+    for rank, outcome in enumerate(outcomes):
+        wire = packed(tuple(t[nd if branch == "E" else 0:] for t in per_rank[rank]))
+        assert outcome.trace == [("all_gather", 0, tuple(wire.shape), str(wire.dtype))]
+        for k, got in enumerate(outcome.value[0]):
+            assert_same(got, expected_rows(per_rank, rank, k, nd, branch))
+
+
+@given(data=st.data())
+def test_packed_gather_is_bit_identical_to_one_all_gather_per_tensor(runner, data):
+    world_size = data.draw(st.integers(2, 4), label="P")
+    num_rows = data.draw(st.integers(0, 4), label="L")
+    specs = data.draw(st.lists(st.tuples(st.sampled_from(DTYPES), st.sampled_from(TRAILING)),
+                               min_size=1, max_size=4), label="tensors")
+    nd = data.draw(st.integers(0, num_rows), label="nd")
+    shard = data.draw(st.booleans(), label="shard")
+    seed = data.draw(st.integers(0, 2**20), label="seed")
+    branch = "B" if shard else "C" if nd == num_rows else "D" if nd == 0 else "E"
+    per_rank = [tuple(random_tensor(dtype, (num_rows, *trailing), seed + 10 * rank + k)
+                      for k, (dtype, trailing) in enumerate(specs)) for rank in range(world_size)]
+    # S > L: P*L entries, or any length when L = 0 (no rows to pair).
+    slot_map = slots(range(world_size * num_rows or world_size))
+    outcomes = run_world(runner, per_rank, slot_map, nd, shard)
+    for rank, outcome in enumerate(outcomes):
+        assert len(outcome.trace) == (branch != "C")
+        for k, got in enumerate(outcome.value[0]):
+            assert_same(got, expected_rows(per_rank, rank, k, nd, branch))
+            assert got.is_contiguous()
+
+
+class ReplyGroup:
+    """World size 2; all_gather returns ``reply`` whatever it is given."""
+
+    def __init__(self, reply) -> None:
+        self.world_size, self.reply = 2, reply
+
+    def all_gather(self, t, dim=0):
+        return self.reply
+
+
+@pytest.mark.parametrize("tensors, reply, message", [
+    ((torch.zeros(2, 2),), torch.zeros(3, 2),
+     "returned ((3, 2), torch.float32), expected shape (4, 2) dtype torch.float32"),
+    ((torch.zeros(2, 2),), torch.zeros(4, 2, dtype=BF16),
+     "returned ((4, 2), torch.bfloat16), expected shape (4, 2) dtype torch.float32"),
+    ((torch.zeros(2, 2), torch.zeros(2, 3)), torch.zeros(4, 2),  # answered per tensor
+     "returned ((4, 2), torch.float32) for the rows of 2 tensors packed side by side, "
+     "expected shape (4, 5) dtype torch.float32"),
+    ((torch.zeros(2, 2), torch.zeros(2, dtype=I8)), torch.zeros(4, 2),
+     "returned ((4, 2), torch.float32) for the rows of 2 tensors packed side by side as bytes, "
+     "expected shape (4, 9) dtype torch.uint8"),
+    ((torch.zeros(2, 2), torch.zeros(2, dtype=I8)), [torch.zeros(4, 2), torch.zeros(4, dtype=I8)],
+     "returned list for the rows of 2 tensors packed side by side as bytes, expected shape (4, 9)"),
+])
+def test_group_reply_of_wrong_shape_or_dtype_is_named(tensors, reply, message):
+    with pytest.raises(RuntimeError) as raised:
+        gather_prefill_cache_inputs(tensors, slots(range(4)), 0, True, group=ReplyGroup(reply))
+    assert message in str(raised.value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,7 +394,7 @@ def test_mla_zero_rows_works():
     with pytest.raises(RuntimeError):  # vLLM's reshape(L, -1): bug class 9
         k_pe.reshape(0, -1)
     flat = torch.empty(0, 4, dtype=BF16)
-    g = FakeGroup(2, 1, [[kv, kv], [flat, flat]])
+    g = FakeGroup(2, 1, [[(kv, flat), (kv, flat)]])
     kv_out, k_pe_out, s_out = gather_mla_cache_inputs(kv, k_pe, slots([-1, -1]), 0, True, True, group=g)
     g.done()
     assert tuple(kv_out.shape) == (0, 8) and tuple(k_pe_out.shape) == (0, 1, 4)
@@ -277,7 +405,7 @@ def test_mla_restores_k_pe_shape_branch_e():
     kv = [torch.arange(6, dtype=torch.float32).reshape(3, 2) + 10 * r for r in range(2)]
     k_pe = [(torch.arange(12).reshape(3, 1, 4) + 16 * r).to(torch.uint8).view(E5M2) for r in range(2)]
     flat = [t.reshape(3, 4) for t in k_pe]
-    g = FakeGroup(2, 0, [[kv[0][1:], kv[1][1:]], [flat[0][1:], flat[1][1:]]])
+    g = FakeGroup(2, 0, [[(kv[0][1:], flat[0][1:]), (kv[1][1:], flat[1][1:])]])
     s = slots([1, 2, 3, -1, 5, 6])
     kv_out, k_pe_out, s_out = gather_mla_cache_inputs(kv[0], k_pe[0], s, 1, True, False, group=g)
     g.done()
@@ -303,7 +431,7 @@ def test_indexer_unchanged_when_no_pcp():
 def test_indexer_truncates_to_s_over_p_when_s_exceeds_rows():
     # k carries 6 rows (graph padding beyond W), the expanded map has P*W = 8 entries: W = 4.
     k = [torch.arange(6, dtype=torch.int64) + 100 * r for r in range(2)]
-    g = FakeGroup(2, 0, [[k[0][:4], k[1][:4]]])  # checks the local tensor was cut to 4 rows
+    g = FakeGroup(2, 0, [[(k[0][:4],), (k[1][:4],)]])  # checks the local tensor was cut to 4 rows
     s = slots(list(range(8)))
     k_out, s_out = gather_indexer_cache_inputs(k[0], s, 0, True, True, group=g)
     g.done()
@@ -400,7 +528,7 @@ def test_provider_callable_per_thread():
 
     def run(rank):
         per_rank = [torch.tensor([10 * r, 10 * r + 1], dtype=I8) for r in range(2)]
-        local.group = FakeGroup(2, rank, [[t[1:] for t in per_rank]])
+        local.group = FakeGroup(2, rank, [[(t[1:],) for t in per_rank]])
         (out,), s_out = gather_prefill_cache_inputs((per_rank[rank],), slots([0, 1, -1, 3]), 1, False)
         local.group.done()
         results[rank] = (out.tolist(), s_out.tolist(), get_pcp_group() is local.group)

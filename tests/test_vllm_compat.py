@@ -9,6 +9,13 @@ examples of section 2 and the branch table of section 5. The public signatures a
 behavioural test fails if the default of the shard flag changes.
 
 One deliberate difference from 0.33.0 is stated in ``test_branch_a_*``.
+
+One difference in the collectives, not in the results: with several tensors (MLA's kv_c_normed
+and k_pe) impl issues ONE all_gather of the tensors' rows packed side by side, where vLLM issues
+one per tensor. A single tensor (the indexer's k, any 1-tensor call) is gathered as itself, as in
+vLLM, so vLLM's test doubles answer it unchanged; a double that answers a multi-tensor call per
+tensor must answer the packed form instead (wire format: impl/gather.py's docstring; here
+``torch.cat((kv, k_pe.reshape(N, -1)), dim=1)`` when the dtypes are equal, bytes otherwise).
 """
 
 from __future__ import annotations
@@ -294,11 +301,13 @@ def test_mla_wrapper_as_mla_attention_calls_it():
     kv, k_pe = _mla_inputs([11, 33])
     kv_all, k_pe_all = _mla_inputs([11, 33, 22, 0])
     e = slots([123, 789, 456, PAD])
-    group, calls = canned_group(2, kv_all, k_pe_all.reshape(4, 2))
+    # One all_gather of both tensors' rows side by side (vLLM: one per tensor), k_pe flattened.
+    group, calls = canned_group(2, torch.cat((kv_all, k_pe_all.reshape(4, 2)), dim=1))
     set_pcp_group(group)
     kv_out, k_pe_out, s_out = gather_mla_cache_inputs(kv, k_pe, e, 2, True,
                                                       pcp_shard_decode_requests=True)
-    assert [tuple(c.shape) for c in calls] == [(2, 4), (2, 2)]  # k_pe flattened for the gather
+    assert len(calls) == 1
+    assert_equal(calls[0], torch.cat((kv, k_pe.reshape(2, 2)), dim=1))
     assert_equal(kv_out, kv_all)
     assert_equal(k_pe_out, k_pe_all)
     assert_equal(s_out, e)
@@ -332,7 +341,7 @@ def test_wrappers_take_both_names_of_the_flag(keyword):
     e = slots([123, 789, 456, PAD])
     kv, k_pe = _mla_inputs([11, 33])
     kv_all, k_pe_all = _mla_inputs([11, 33, 22, 0])
-    group, _ = canned_group(2, kv_all, k_pe_all.reshape(4, 2))
+    group, _ = canned_group(2, torch.cat((kv_all, k_pe_all.reshape(4, 2)), dim=1))
     set_pcp_group(group)
     kv_out, k_pe_out, s_out = gather_mla_cache_inputs(kv, k_pe, e, 2, True, **{keyword: True})
     assert_equal(kv_out, kv_all) and assert_equal(k_pe_out, k_pe_all)
@@ -372,20 +381,21 @@ def test_wrappers_return_inputs_unchanged_without_pcp_or_nd():
     assert calls == []
 
 
-@pytest.mark.parametrize("shard, num_slots, replies", [(True, 2, 2), (False, 2, 0), (True, 0, 0)])
-def test_wrappers_zero_local_rows_shapes(shard, num_slots, replies):
+@pytest.mark.parametrize("shard, num_slots, gathers", [(True, 2, True), (False, 2, False), (True, 0, False)])
+def test_wrappers_zero_local_rows_shapes(shard, num_slots, gathers):
     """L = 0 (a rank with no rows): vLLM's shapes, (N, kv width), (N, *k_pe.shape[1:]), (N,),
-    where vLLM's own reshape(L, -1) of k_pe fails (bug class 9)."""
+    where vLLM's own reshape(L, -1) of k_pe fails (bug class 9). MLA's packed reply: bf16 and
+    float32 rows differ in dtype, so bytes, 8*2 + 4*4 = 32 per row."""
     kv, k_pe, k = torch.empty(0, 8, dtype=torch.bfloat16), torch.empty(0, 1, 4), torch.empty(0, 5)
     e = slots([PAD] * num_slots)
     with pytest.raises(RuntimeError):
         k_pe.reshape(0, -1)
-    group, _ = canned_group(2, *([torch.empty(0, 8, dtype=torch.bfloat16), torch.empty(0, 4)][:replies]))
+    group, _ = canned_group(2, *([torch.empty(0, 32, dtype=torch.uint8)] if gathers else []))
     set_pcp_group(group)
     kv_out, k_pe_out, s_out = gather_mla_cache_inputs(kv, k_pe, e, 0, True, shard)
     assert [tuple(kv_out.shape), tuple(k_pe_out.shape), tuple(s_out.shape)] == [(0, 8), (0, 1, 4), (0,)]
     assert kv_out.dtype == torch.bfloat16 and s_out.dtype == torch.int64
-    group, _ = canned_group(2, *([torch.empty(0, 5)][: replies // 2]))
+    group, _ = canned_group(2, *([torch.empty(0, 5)] if gathers else []))
     set_pcp_group(group)
     k_out, s_out = gather_indexer_cache_inputs(k, e, 0, True, shard)
     assert tuple(k_out.shape) == (0, 5) and tuple(s_out.shape) == (0,)
