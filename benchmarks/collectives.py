@@ -9,6 +9,9 @@ decodes (branch B, every row gathered) and a replicated mixed batch (branch E, n
 vLLM's gather is read from its wheel at run time (fetched with pip into pip's cache when no
 --wheel is given) and executed with a stand-in `vllm.distributed.parallel_state`; nothing of it
 is stored. Each rank's group counts its all_gather calls and the bytes each rank sends.
+The two sides' outputs are compared bit for bit first (the benchmark stops if they differ), then
+timed alternately, call by call, so that both see the same machine load (it prints the load
+average before and after: on a shared machine the milliseconds move, the counts do not).
 """
 
 from __future__ import annotations
@@ -89,25 +92,48 @@ def mla_inputs(rows: int, size: int):
     return (kv_c, k_pe.reshape(rows, -1)), slots
 
 
-def time_call(call, group, args, budget_s: float = 0.5, max_calls: int = 200):
-    """Median seconds per call, and collectives and bytes per call (every rank runs the same
-    number of calls: rank 0 decides and broadcasts)."""
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.dtype == b.dtype and a.shape == b.shape
+            and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
+
+
+def check_same_outputs(sides, args, where: str) -> None:
+    """Both sides return the same rows and slots, bit for bit (else the timing compares nothing)."""
+    (impl_rows, impl_slots), (vllm_rows, vllm_slots) = (call(*args) for call in sides.values())
+    if not (len(impl_rows) == len(vllm_rows) and torch.equal(impl_slots, vllm_slots)
+            and all(same_bits(a, b) for a, b in zip(impl_rows, vllm_rows))):
+        raise SystemExit(f"{where}: impl and vLLM 0.33.0 return different outputs")
+
+
+def time_sides(sides, group, args, budget_s: float = 1.0, min_calls: int = 5,
+               max_calls: int = 200):
+    """Per side: median seconds per call, collectives and bytes sent per call. The sides take
+    turns call by call (same load for both); every rank runs the same number of calls (rank 0
+    decides and broadcasts)."""
     import torch.distributed as dist
-    call(*args)  # warm up
-    group.calls = group.bytes_sent = 0
-    times = []
+    stats = {name: {"times": [], "calls": 0, "sent": 0} for name in sides}
     started = time.perf_counter()
     while True:
-        dist.barrier()
-        t0 = time.perf_counter()
-        call(*args)
-        times.append(time.perf_counter() - t0)
-        go = torch.tensor([int(time.perf_counter() - started < budget_s and len(times) < max_calls)])
-        dist.broadcast(go, src=0)
-        if not go.item():
+        for name, call in sides.items():
+            group.calls = group.bytes_sent = 0
+            dist.barrier()
+            t0 = time.perf_counter()
+            call(*args)
+            stats[name]["times"].append(time.perf_counter() - t0)
+            stats[name]["calls"] += group.calls
+            stats[name]["sent"] += group.bytes_sent
+        done = len(stats[name]["times"])  # every side has run as often
+        go = done < min_calls or (time.perf_counter() - started < budget_s and done < max_calls)
+        flag = torch.tensor([int(go)])
+        dist.broadcast(flag, src=0)
+        if not flag.item():
             break
-    times.sort()
-    return times[len(times) // 2], group.calls / len(times), group.bytes_sent / len(times)
+    result = {}
+    for name, st in stats.items():
+        times = sorted(st["times"])
+        result[name] = (times[len(times) // 2], st["calls"] / len(times), st["sent"] / len(times),
+                        len(times))
+    return result
 
 
 def rank_main(rank: int, size: int, port: int, source: str, rows_list, out_path: str) -> None:
@@ -122,10 +148,12 @@ def rank_main(rank: int, size: int, port: int, source: str, rows_list, out_path:
         tensors, slots = mla_inputs(rows, size)
         mixed = rows // 2
         for branch, nd, shard in (("B", 0, True), ("E" if mixed else "D", mixed, False)):
-            for name, call in sides.items():
-                seconds, calls, sent = time_call(call, group, (tensors, slots, nd, shard))
+            args = (tensors, slots, nd, shard)
+            check_same_outputs(sides, args, f"P={size} L={rows} branch {branch}")  # and warm up
+            timed = time_sides(sides, group, args)
+            for name, (seconds, calls, sent, runs) in timed.items():
                 lines.append(f"  P={size} L={rows:<5} {branch}  {name:<12} {calls:4.1f} "
-                             f"{sent / 1024:10.1f} {seconds * 1e3:10.3f}")
+                             f"{sent / 1024:10.1f} {seconds * 1e3:10.3f} {runs:6d}")
     if rank == 0:
         with open(out_path, "w") as handle:
             handle.write("\n".join(lines) + "\n")
@@ -163,15 +191,18 @@ def main() -> None:
     source = gather_source(args.wheel)
     rows_list = [int(r) for r in args.rows.split(",")]
     print("MLA rows (512 + 64 bf16), gloo; per call on each rank: collectives, KiB sent, "
-          "median ms")
-    print("  world  rows    br side         coll   KiB sent    ms/call")
+          "median ms (over `calls` timed calls per side, sides alternating)")
+    print("load average (1, 5, 15 min) before: %.2f %.2f %.2f, cores: %d"
+          % (*os.getloadavg(), os.cpu_count()))
+    print("  world  rows    br side         coll   KiB sent    ms/call  calls")
     with tempfile.TemporaryDirectory() as scratch:
         for size in (int(s) for s in args.sizes.split(",")):
             out_path = os.path.join(scratch, f"p{size}.txt")
             mp.spawn(rank_main, args=(size, free_port(), source, rows_list, out_path),
                      nprocs=size, join=True)
             with open(out_path) as handle:
-                print(handle.read(), end="")
+                print(handle.read(), end="", flush=True)
+    print("load average (1, 5, 15 min) after: %.2f %.2f %.2f" % os.getloadavg())
 
 
 if __name__ == "__main__":
