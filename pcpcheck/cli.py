@@ -108,7 +108,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if not 2 <= args.max_ranks <= 8:
         raise UsageError(f"--max-ranks must be between 2 and 8, got {args.max_ranks}")
     if not 0 < args.timeout < float("inf"):  # nan fails both comparisons
-        raise UsageError(f"--timeout must be a finite number of seconds above 0, got {args.timeout}")
+        raise UsageError(f"--timeout must be positive and finite (seconds), got {args.timeout}")
     args.regimes = tuple(dict.fromkeys(args.regime)) if args.regime else REGIMES
     if getattr(args, "backend", "threads") != "threads":
         _check_process_backend(args)

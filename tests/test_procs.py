@@ -260,9 +260,9 @@ def test_nothing_a_target_started_outlives_the_backend(tmp_path):
     (["--backend", "gloo", "--world-sizes", "2,x"], "comma list"),
     (["--world-sizes", "9"], "between 2 and 8"),
     (["--backend", "gloo", "--device", "cuda"], "--device cuda is for --backend threads"),
-    (["--timeout", "nan"], "--timeout must be a finite number"),
-    (["--timeout", "inf"], "--timeout must be a finite number"),
-    (["--timeout", "0"], "--timeout must be a finite number"),
+    (["--timeout", "nan"], "--timeout must be positive and finite"),
+    (["--timeout", "inf"], "--timeout must be positive and finite"),
+    (["--timeout", "0"], "--timeout must be positive and finite"),
 ])
 def test_backend_usage_errors_exit_2(argv, words, capsys):
     assert cli.main(["check", *argv]) == cli.EXIT_USAGE
