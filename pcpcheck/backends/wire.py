@@ -12,6 +12,7 @@ The driver rebuilds plain tensors from those bytes itself (`decode_value`).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -145,10 +146,12 @@ _tuple_iter, _list_iter = tuple.__iter__, list.__iter__
 def tensor_bytes(tensor) -> tuple[str, list[int], bytes]:
     """(dtype, shape, content) of a tensor, read as a plain torch.Tensor."""
     with _no_overrides():
-        plain = _as_subclass(tensor, _Tensor)
+        plain = _detach(_as_subclass(tensor, _Tensor))
         dtype = _dtype_of(plain)
         shape = [int(n) for n in _size_of(plain)]
-        flat = _reshape(_contiguous(_resolve_neg(_resolve_conj(_cpu(_detach(plain))))), (-1,))
+        if dtype.is_complex:
+            plain = _resolve_conj(plain)
+        flat = _reshape(_contiguous(_resolve_neg(_cpu(plain))), (-1,))
         content = _numpy(_view(flat, _uint8)).tobytes() if flat.numel() else b""
     return _str(dtype), shape, content
 
@@ -171,20 +174,26 @@ def encode_value(value, blobs: list, depth: int = 0):
 
 def tensor_from_bytes(dtype_name: str, shape, content: bytes) -> torch.Tensor:
     """A plain CPU tensor; ValueError if the parts do not describe one."""
-    dtype = getattr(torch, str(dtype_name).removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {dtype_name!r}")
-    if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
+    dtype, itemsize = _dtype_by_name(dtype_name)
+    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
         raise ValueError(f"bad shape {shape!r}")
     numel = 1
     for n in shape:
         numel *= n
-    itemsize = torch.empty((), dtype=dtype).element_size()
     if numel * itemsize != len(content):
         raise ValueError(f"{len(content)} bytes for {dtype_name} {tuple(shape)}")
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(bytearray(content), dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_by_name(name: str) -> tuple[torch.dtype, int]:
+    """(dtype, item size) of a torch dtype's name ("torch.float32" or "float32")."""
+    dtype = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype, torch.empty((), dtype=dtype).element_size()
 
 
 def decode_value(tree, blobs):

@@ -128,7 +128,7 @@ def _inputs(header: dict, blobs: list, slot: int, device):
 
 
 def _row_bytes(dtype: str, trailing) -> int:
-    size = torch.empty((), dtype=getattr(torch, dtype.removeprefix("torch."))).element_size()
+    size = wire._dtype_by_name(dtype)[1]
     for n in trailing:
         size *= n
     return size
