@@ -107,6 +107,23 @@ def decode_rows(tensor: torch.Tensor, tensor_index: int, valid: np.ndarray) -> l
     return np.where(genuine, claimed, NO_ROW).tolist()
 
 
+def blank_cache(spec, tensor_index: int, num_blocks: int, block_size: int) -> torch.Tensor:
+    """(For tests reading a real torch cache.) A cache (num_blocks, B, *trailing) whose every slot holds the never-written marker: the
+    content of label NO_ROW, which is no input row, so a written slot always differs from it."""
+    marker = row_content(np.array([NO_ROW]), tensor_index, spec.row_bytes)
+    content = np.broadcast_to(marker, (num_blocks * block_size, spec.row_bytes))
+    return as_tensor(content.copy(), spec).reshape(num_blocks, block_size, *spec.trailing)
+
+
+def cache_labels(cache: torch.Tensor, tensor_index: int, valid: np.ndarray) -> dict[int, int]:
+    """A cache tensor at the index level: slot -> label of every slot that was written."""
+    rows = as_bytes(cache.reshape(-1, *cache.shape[2:]))
+    marker = row_content(np.array([NO_ROW]), tensor_index, rows.shape[1])
+    written = np.flatnonzero(~(rows == marker).all(axis=1))
+    labels = decode_rows(cache.reshape(-1, *cache.shape[2:])[written], tensor_index, valid)
+    return dict(zip(written.tolist(), labels))
+
+
 def observe(prepared: Prepared, rank: int, result) -> RankView:
     """One rank's call at the index level, from what its worker reported (a
     pcpcheck.backends.RankResult: plain data, tensors rebuilt by the driver from raw bytes)."""
