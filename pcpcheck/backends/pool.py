@@ -26,6 +26,7 @@ from pcpcheck.backends.worker import MAX_OUTPUT, MAX_RANKS, STATUS
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # what makes `pcpcheck` importable
 _LIVE: dict[int, "WorkerProcess"] = {}  # pid -> worker, for the exit handler and orphan reaping
+_WORKSPACES: set[str] = set()  # directories not removed yet (a backend never closed)
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -42,6 +43,7 @@ class Workspace:
 
     def __init__(self, name: str):
         self.path = tempfile.mkdtemp(prefix=f"pcpcheck-{name}-")
+        _WORKSPACES.add(self.path)
         self._count = 0
 
     def files(self, label: str) -> tuple[str, str]:
@@ -53,6 +55,7 @@ class Workspace:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+        _WORKSPACES.discard(self.path)
 
 
 class WorkerProcess:
@@ -191,8 +194,11 @@ def _reap_orphans() -> None:
 
 @atexit.register
 def _kill_all() -> None:
+    """A backend never closed (an exception between start and close): its workers and files."""
     for worker in list(_LIVE.values()):
         worker.kill()
+    for path in list(_WORKSPACES):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def wait_results(workers: list[WorkerProcess], timeout: float, grace: float):
