@@ -106,7 +106,9 @@ class ThreadsBackend(Backend):
         if outcome[0] == "hung":
             culprit, what = outcome[1], f"did not return within {self.timeout:g} s"
         else:
-            culprit, what = running, f"ended the worker process ({outcome[1]})"
+            last = output.strip().splitlines()[-1][:200] if output.strip() else ""
+            culprit, what = running, f"died ({outcome[1]}) before returning"
+            what += f"; stderr: {last}" if last else ""
         if culprit < 0:
             return [base.lost_rank(f"the worker process hosting every rank ended ({outcome[1]}) "
                                    "outside any rank's call", output) for _ in range(size)]
