@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from pcpcheck import report
 from pcpcheck.cases import Case
-from pcpcheck.loader import load_target
-from pcpcheck.runner import ThreadRunner
+from pcpcheck.backends import make_backend
+from pcpcheck.check import run_case
 
 
 @dataclass
@@ -19,10 +19,11 @@ class Verdict:
 
 def replay(target: str, case_json: str, function: str | None = None,
            timeout: float = 10.0) -> Verdict:
-    """Judge one case (JSON as printed by pcpcheck) against a target, in-process."""
-    loaded = load_target(target, function)
+    """Judge one case (JSON as printed by pcpcheck) against a target (run in a worker)."""
     case = Case.from_json(case_json)
-    observation = ThreadRunner(timeout=timeout).observe_case(case, loaded)
+    with make_backend("threads", timeout=timeout) as backend:
+        loaded = backend.load(target, function)
+        observation = run_case(case, loaded, backend)
     violated = [v.invariant for v in observation.violations]
     text = report.counterexample(observation, case.batch.regime, loaded.source, function) if violated else ""
     return Verdict(not violated, violated, text)

@@ -14,8 +14,6 @@ import torch
 import reference
 import spec.invariants as inv
 from pcpcheck.cases import Case, as_bytes, as_tensor, row_content
-from pcpcheck.rankctx import current_group
-from spec import model
 from spec.names import (COLLECTIVE, INVARIANTS, LENGTH, NO_MUTATION, NO_ROW, PAD_HYGIENE,
                         PAIRING, REPLICA, RETURNS, SHARD, UNIQUE)
 
@@ -110,7 +108,7 @@ def decode_rows(tensor: torch.Tensor, tensor_index: int, valid: np.ndarray) -> l
 
 
 def blank_cache(spec, tensor_index: int, num_blocks: int, block_size: int) -> torch.Tensor:
-    """A cache (num_blocks, B, *trailing) whose every slot holds the never-written marker: the
+    """(For tests reading a real torch cache.) A cache (num_blocks, B, *trailing) whose every slot holds the never-written marker: the
     content of label NO_ROW, which is no input row, so a written slot always differs from it."""
     marker = row_content(np.array([NO_ROW]), tensor_index, spec.row_bytes)
     content = np.broadcast_to(marker, (num_blocks * block_size, spec.row_bytes))
@@ -126,50 +124,48 @@ def cache_labels(cache: torch.Tensor, tensor_index: int, valid: np.ndarray) -> d
     return dict(zip(written.tolist(), labels))
 
 
-_MAX_CACHE_SLOTS = 1 << 20  # a real cache this large is not worth allocating for one case
-
-
-def observe(prepared: Prepared, rank: int, inputs, outcome, kernel=None) -> RankView:
-    """One rank's call at the index level. The cache is what the kernel rule makes of the
-    outputs: with `kernel` (a torch cache-write op such as impl.write_kv_cache) a real cache
-    tensor is written and read back; without it, the label-level rule of spec.model.write."""
-    view = RankView(error=outcome.error, error_detail=outcome.error_detail, trace=outcome.trace,
-                    output=outcome.output)
+def observe(prepared: Prepared, rank: int, result) -> RankView:
+    """One rank's call at the index level, from what its worker reported (a
+    pcpcheck.backends.RankResult: plain data, tensors rebuilt by the driver from raw bytes)."""
+    view = RankView(error=result.error, error_detail=result.error_detail, trace=result.trace,
+                    output=result.output)
     specs = prepared.case.tensors
-    outputs = None
-    if view.error is None and not incomplete(outcome.trace):
-        problem = _malformed(outcome.value, specs)
+    if view.error is None and not incomplete(result.trace):
+        problem = _malformed(result.value, specs)
         if problem:
             view.error = f"returned {problem}"
         else:
             try:
-                view.rows = [decode_rows(t, k, prepared.labels) for k, t in enumerate(outcome.value[0])]
-                view.slots = [int(slot) for slot in outcome.value[1].tolist()]
-                outputs, view.returned = outcome.value, True
-            except Exception as exc:  # noqa: BLE001 - a hostile return (odd layout, device, ...)
+                view.rows = [decode_rows(t, k, prepared.labels) for k, t in enumerate(result.value[0])]
+                view.slots = [int(slot) for slot in result.value[1].tolist()]
+                view.returned = True
+            except Exception as exc:  # noqa: BLE001 - a hostile return (odd layout, ...)
                 view.rows, view.slots = [], []
                 view.error = f"returned tensors pcpcheck cannot read: {type(exc).__name__}: {exc}"[:300]
     if not view.rows:
         view.rows = [[] for _ in specs]
-    num_slots = 1 + max([max(e, default=0) for e in prepared.expected] + view.slots + [0])
-    if kernel is not None and outputs is not None and num_slots <= _MAX_CACHE_SLOTS:
-        view.caches = written_caches(prepared, outputs, kernel, num_slots)
-    else:
-        view.caches = [model.write(rows, view.slots) for rows in view.rows]
-    _record_inputs(prepared, rank, inputs, view)
+    view.caches = [written_caches(rows, view.slots, prepared.case.batch.block_size)
+                   for rows in view.rows]
+    view.inputs_before = [src.tobytes() for src in prepared.sources[rank]]
+    view.inputs_before.append(prepared.slot_maps[rank].tobytes())
+    # A rank that never reported: its inputs are unknown, not mutated.
+    view.inputs_after = list(result.inputs_after if result.inputs_after is not None
+                             else view.inputs_before)
     return view
 
 
-def written_caches(prepared: Prepared, outputs, kernel, num_slots: int) -> list[dict[int, int]]:
-    """Write each output tensor into a blank cache with the torch kernel; read it back."""
-    block_size = prepared.case.batch.block_size
-    valid = prepared.labels
-    caches = []
-    for k, (tensor, spec) in enumerate(zip(outputs[0], prepared.case.tensors)):
-        cache = blank_cache(spec, k, -(-num_slots // block_size), block_size)
-        kernel(cache, tensor, outputs[1])
-        caches.append(cache_labels(cache, k, valid))
-    return caches
+def written_caches(rows: list[int], slots: list[int], block_size: int) -> dict[int, int]:
+    """pcpcheck's own cache write (the kernel rule, at the label level): one write per slot
+    entry k, negative slots skipped, into block slot // B at offset slot % B; a row past the end
+    of the rows (an out-of-bounds read) writes NO_ROW; a slot written twice keeps the last.
+    Returns flat slot (block * B + offset) -> label."""
+    cache: dict[int, int] = {}
+    for k, slot in enumerate(slots):
+        if slot < 0:
+            continue
+        block, offset = divmod(slot, block_size)
+        cache[block * block_size + offset] = rows[k] if k < len(rows) else NO_ROW
+    return cache
 
 
 def incomplete(trace) -> bool:
@@ -194,14 +190,6 @@ def _malformed(value, specs) -> str | None:
             or slots.dtype == torch.bool or slots.is_complex():
         return f"slot_mapping as {type(slots).__name__} {getattr(slots, 'dtype', '')}, not a 1-D integer tensor"
     return None
-
-
-def _record_inputs(prepared: Prepared, rank: int, inputs, view: RankView) -> None:
-    """Input contents before (the pristine sources) and after the call, for NO_MUTATION."""
-    tensors, slots, _ = inputs
-    view.inputs_before = [src.tobytes() for src in prepared.sources[rank]]
-    view.inputs_before.append(prepared.slot_maps[rank].tobytes())
-    view.inputs_after = [as_bytes(t).tobytes() for t in tensors] + [slots.numpy().tobytes()]
 
 
 def judge(prepared: Prepared, views: list[RankView]) -> tuple[list[Violation], tuple[str, ...]]:
@@ -244,17 +232,24 @@ def _tokens(prepared: Prepared) -> list[int]:
     return [int(t) for t in prepared.labels if t >= 0]
 
 
-def run_case(case: Case, target, runner) -> Observation:
-    """Run the target on every rank of the case and judge what it did."""
-    prepared = prepare(case)
-    inputs = [prepared.inputs(rank) for rank in range(prepared.size)]
-    shard = prepared.shard
+def run_case(case: Case, target, backend) -> Observation:
+    """Run one case on the backend's workers and judge it."""
+    return next(run_cases([case], target, backend))
 
-    def call(rank: int):
-        tensors, slots, nd = inputs[rank]
-        return target.call(tensors, slots, nd, shard, group=current_group())
 
-    outcomes = runner.run(prepared.size, call)
-    views = [observe(prepared, rank, inputs[rank], outcome) for rank, outcome in enumerate(outcomes)]
-    violations, checked = judge(prepared, views)
-    return Observation(prepared, views, violations, checked)
+def run_cases(cases, target, backend):
+    """The one place a case goes through: prepared here, run on the backend's workers
+    (pcpcheck.backends; several may be in flight), observed and judged here, in the driver.
+    Yields an Observation per case, in order."""
+    prepared = [None]
+
+    def prepare_each():
+        for case in cases:
+            prepared.append(prepare(case))
+            yield prepared[-1]
+
+    for results in backend.run_many(prepare_each(), target):
+        done = prepared.pop(1)
+        views = [observe(done, rank, result) for rank, result in enumerate(results)]
+        violations, checked = judge(done, views)
+        yield Observation(done, views, violations, checked)

@@ -17,10 +17,11 @@ import sys
 
 from pcpcheck import report
 from pcpcheck.cases import Case
+from pcpcheck.check import run_case
 from pcpcheck.engine import CheckerError, search
-from pcpcheck.loader import LoadError, load_target
-from pcpcheck.procs import DeviceThreadRunner, ProcessRunner, WorkerError
-from pcpcheck.runner import ThreadRunner
+from pcpcheck.backends import make_backend
+from pcpcheck.backends.base import WorkerError
+from pcpcheck.loader import LoadError
 from spec.names import REGIMES
 
 EXIT_HOLDS, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
@@ -106,8 +107,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = _parser().parse_args(argv)
     if not 2 <= args.max_ranks <= 8:
         raise UsageError(f"--max-ranks must be between 2 and 8, got {args.max_ranks}")
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be positive, got {args.timeout}")
+    if not 0 < args.timeout < float("inf"):  # nan fails both comparisons
+        raise UsageError(f"--timeout must be positive and finite (seconds), got {args.timeout}")
     args.regimes = tuple(dict.fromkeys(args.regime)) if args.regime else REGIMES
     if getattr(args, "backend", "threads") != "threads":
         _check_process_backend(args)
@@ -133,21 +134,12 @@ def _check_process_backend(args) -> None:
 def make_runner(args):
     """The backend of `--backend` (and `--device`), started before the search."""
     backend = getattr(args, "backend", "threads")
-    if backend == "threads":
-        if getattr(args, "device", "cpu") != "cpu":
-            try:
-                return DeviceThreadRunner(timeout=args.timeout, device=args.device)
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
-        return ThreadRunner(timeout=args.timeout)
-    runner = ProcessRunner(backend, timeout=args.timeout)
-    if not args.replay:
-        try:
-            runner.start(args.world_sizes)
-        except BaseException:
-            runner.close()
-            raise
-    return runner
+    if backend == "threads" and getattr(args, "device", "cpu") == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: no CUDA device is available")
+    return make_backend(backend, timeout=args.timeout, device=getattr(args, "device", "cpu"),
+                        world_sizes=None if args.replay else getattr(args, "world_sizes", None))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,13 +174,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_check(args, runner=None) -> int:
-    """Check a target; `runner` given (torchrun's rank 0) is used as is, else `make_runner`."""
-    target = load_target(args.target, args.function)
+    """Check a target; `runner` given (torchrun's rank 0) is used as is, else `make_runner`.
+    The target is loaded by the backend's workers, never here."""
     if runner is not None:
-        return _check(args, target, runner)
+        return _check(args, runner.load(args.target or "impl", args.function), runner)
     runner = make_runner(args)
     try:
-        return _check(args, target, runner)
+        return _check(args, runner.load(args.target or "impl", args.function), runner)
     finally:
         runner.close()
 
@@ -228,7 +220,7 @@ def _replay(args, target, runner) -> int:
         case = Case.from_json(args.replay)
     except (ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"--replay is not a case printed by pcpcheck: {exc}") from None
-    observation = runner.observe_case(case, target)
+    observation = run_case(case, target, runner)
     if not observation.violations:
         print(f"  replayed case holds: every invariant of {', '.join(observation.checked)}")
         return EXIT_HOLDS

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from pcpcheck import report
 from pcpcheck.cases import cases, describe
 from pcpcheck.check import Observation, incomplete
-from pcpcheck.loader import load_target
-from pcpcheck.runner import ThreadRunner
+from pcpcheck.backends import make_backend
+from pcpcheck.check import run_case
 from spec.invariants import INCOMPLETE
 
 EXIT_SAME, EXIT_DIFFERENT = 0, 1
@@ -46,8 +46,8 @@ def find_difference(old_target, new_target, regime: str, runner, *, max_examples
     @given(case=cases(regimes=(regime,), max_ranks=max_ranks))
     def same_outcomes(case):
         counted["cases"] += 1
-        old = runner.observe_case(case, old_target)
-        new = runner.observe_case(case, new_target)
+        old = run_case(case, old_target, runner)
+        new = run_case(case, new_target, runner)
         if differing_ranks(old, new):
             raise OutcomesDiffer(old, new)
 
@@ -89,9 +89,13 @@ def render(found: OutcomesDiffer, regime: str, old_name: str, new_name: str) -> 
 
 
 def run_diff(args) -> int:
-    old = load_target(args.old, args.function)
-    new = load_target(args.new, args.function)
-    runner = ThreadRunner(timeout=args.timeout)
+    with make_backend("threads", timeout=args.timeout) as runner:
+        return _run_diff(args, runner)
+
+
+def _run_diff(args, runner) -> int:
+    old = runner.load(args.old, args.function)
+    new = runner.load(args.new, args.function)
     print(f"pcpcheck diff: old {old.name}, new {new.name}")
     differences = 0
     for regime in args.regimes:

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 
 from pcpcheck.cases import Case, cases
-from pcpcheck.check import Observation
+from pcpcheck.check import Observation, run_case
 from spec.names import INVARIANTS
 
 
@@ -50,7 +50,7 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
            derandomize: bool = True, seed: int | None = None, pcp_sizes=None) -> RegimeResult:
     """Check `target` on up to max_examples drawn cases of one regime, shrinking violations.
 
-    `runner` is any backend with `observe_case(case, target) -> Observation` (threads, processes).
+    `runner` is a pcpcheck.backends.Backend and `target` the TargetInfo it loaded.
     `pcp_sizes` restricts the world sizes drawn (a process backend's pools); default 2..max_ranks.
     """
     result = RegimeResult(regime)
@@ -62,7 +62,7 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
     @given(case=cases(regimes=(regime,), max_ranks=max_ranks, pcp_sizes=pcp_sizes))
     def check(case: Case) -> None:
         started = time.perf_counter()
-        observation = runner.observe_case(case, target)
+        observation = run_case(case, target, runner)
         result.check_seconds += time.perf_counter() - started
         result.cases += 1
         result.checked.update(observation.checked)

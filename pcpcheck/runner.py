@@ -1,31 +1,30 @@
-"""The in-process rank runner: P ranks in one process, exchanging real tensors.
+"""P ranks in one process, exchanging real tensors: the scheduler of the `threads` backend's
+worker (pcpcheck.backends.worker) and of trusted in-process tests.
 
-Ranks are greenlets scheduled cooperatively on one runner thread per world size: a rank runs until
-it enters a collective or returns, then the next rank runs; when every rank waits in the same
-collective, it completes and every rank gets its own copy of the result. Switching greenlets costs
-about a microsecond where handing the GIL between P OS threads cost hundreds per case, and the
-schedule is deterministic, so a case replays identically.
+Ranks are greenlets scheduled cooperatively on the calling thread: a rank runs until it enters a
+collective or returns, then the next rank runs; when every rank waits in the same collective, it
+completes and every rank gets its own copy of the result. Switching greenlets costs about a
+microsecond, and the schedule is deterministic, so a case replays identically.
 
-Two things must never hang a run:
-- a rank that returns or raises while its peers wait in a collective: detected at once (no rank
-  can run and not all wait), the waiting ranks are released with `CollectiveAborted`;
-- a rank that never returns (sleeps, loops): the driver's per-case timeout expires, the world is
-  marked broken and replaced; its runner thread (a daemon) is abandoned.
+A rank that returns or raises while its peers wait in a collective is detected at once (no rank
+can run and not all wait): the waiting ranks are released with `CollectiveAborted`. A rank that
+never returns is not this module's business: `on_switch` tells the host which rank runs, and the
+host (the driver, from outside the process) stops the process when that rank's time is up.
 """
 
 from __future__ import annotations
 
-import queue
-import sys
-import threading
 import traceback
 from dataclasses import dataclass, field
 
 import torch
 from greenlet import greenlet
 
+from pcpcheck.backends.wire import TRACE_INCOMPLETE
 from pcpcheck.rankctx import bound_group
-from spec.invariants import INCOMPLETE
+
+# rank states reported through on_switch's host (pcpcheck.backends.worker.Status)
+NOT_STARTED, RUNNING, WAITING, FINISHED = 0, 1, 2, 3
 
 
 class CollectiveAborted(RuntimeError):
@@ -40,45 +39,15 @@ class RankOutcome:
     error: str | None = None  # the target's own exception, as one line
     error_detail: str | None = None  # its traceback, for reports
     trace: list[tuple] = field(default_factory=list)  # (op, dim, shape, dtype) per collective
-    output: str = ""  # what the rank printed (kept short)
 
     def record_error(self, exc: BaseException) -> None:
         """The target raised: keep one line for the verdict and the traceback's tail."""
-        self.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300] if str(exc) else type(exc).__name__
+        try:
+            text = str(exc)
+        except Exception:  # noqa: BLE001 - a hostile __str__
+            text = ""
+        self.error = f"{type(exc).__name__}: {text}".splitlines()[0][:300] if text else type(exc).__name__
         self.error_detail = traceback.format_exc(limit=-6)
-
-
-class _RankOutput:
-    """Stands in for sys.stdout/sys.stderr: what a rank prints (a noisy target) goes into its
-    outcome, what any other thread prints passes through. Installed once, never removed, so a
-    runner thread abandoned inside a hung target cannot leave the streams redirected."""
-
-    def __init__(self, stream):
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        sink = getattr(_capture, "outcome", None)
-        if sink is None:
-            return self._stream.write(text)
-        sink.output += text[: max(0, _MAX_OUTPUT - len(sink.output))]
-        return len(text)
-
-    def flush(self) -> None:
-        self._stream.flush()
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
-
-
-_MAX_OUTPUT = 4000  # characters of a rank's printing kept for the report
-_capture = threading.local()  # on a runner thread: the outcome of the rank that runs now
-
-
-def _install_output_capture() -> None:
-    if not isinstance(sys.stdout, _RankOutput):
-        sys.stdout = _RankOutput(sys.stdout)
-    if not isinstance(sys.stderr, _RankOutput):
-        sys.stderr = _RankOutput(sys.stderr)
 
 
 class RankGroup:
@@ -98,71 +67,39 @@ class _Case:
 
     def __init__(self, size: int):
         self.outcomes = [RankOutcome() for _ in range(size)]
-        self.finished = [False] * size
         self.pending: dict[int, tuple[int, torch.Tensor]] = {}  # rank -> (dim, tensor) waiting
         self.results: dict[int, torch.Tensor | str] = {}  # str: why the collective failed
         self.returned: list[int] = []  # ranks that returned or raised (not aborted)
-        self.running: int | None = None
 
 
 class RankWorld:
-    """P ranks of one world size, run as greenlets on a persistent runner thread."""
+    """P ranks of one world size, run as greenlets on the calling thread."""
 
     def __init__(self, size: int):
         self.size = size
-        self.broken = False
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._case: _Case | None = None
         self._groups = [RankGroup(self, rank) for rank in range(size)]
-        _install_output_capture()
-        threading.Thread(target=self._serve, daemon=True, name=f"pcpcheck-ranks-{size}").start()
 
-    # driver side -------------------------------------------------------------------------
-    def run(self, per_rank_fn, timeout: float) -> list[RankOutcome]:
-        """Run `per_rank_fn(rank)` on every rank; outcomes per rank. Never blocks past timeout."""
-        done = threading.Event()
-        case = _Case(self.size)
-        self._jobs.put((per_rank_fn, case, done))
-        if done.wait(timeout):
-            return case.outcomes
-        self.broken = True  # the runner thread is stuck inside a rank: retire it
-        for rank, outcome in enumerate(case.outcomes):
-            if case.finished[rank]:
-                continue
-            if rank == case.running:
-                reason = f"rank {rank} did not return within {timeout:g} s"
-            elif rank in case.pending:
-                reason = (f"all_gather on rank {rank} never completed: rank {case.running} "
-                          f"did not return within {timeout:g} s")
-            else:
-                reason = f"rank {rank} never ran: rank {case.running} hung first"
-            outcome.trace.append((INCOMPLETE, reason))
-        return case.outcomes
-
-    # runner thread ---------------------------------------------------------------------------
-    def _serve(self) -> None:
-        while True:
-            per_rank_fn, case, done = self._jobs.get()
-            self._case = case
-            self._schedule(per_rank_fn, case)
-            done.set()
-
-    def _schedule(self, per_rank_fn, case: _Case) -> None:
+    def run(self, per_rank_fn, on_switch=None) -> list[RankOutcome]:
+        """Run `per_rank_fn(rank)` on every rank; outcomes per rank. `on_switch(rank, state)` is
+        called whenever a rank starts or stops running (state: RUNNING, WAITING, FINISHED)."""
+        case = self._case = _Case(self.size)
+        notify = on_switch or (lambda rank, state: None)
         ranks = [greenlet(self._rank_main) for _ in range(self.size)]
+        started = [False] * self.size
         runnable = list(range(self.size))
-        first_switch = [True] * self.size
         while runnable:
             for rank in runnable:
-                case.running = rank
-                _capture.outcome = case.outcomes[rank]
-                if first_switch[rank]:
-                    first_switch[rank] = False
-                    ranks[rank].switch(rank, per_rank_fn, case)
-                else:
+                notify(rank, RUNNING)
+                if started[rank]:
                     ranks[rank].switch()
-            case.running = None
-            _capture.outcome = None
+                else:
+                    started[rank] = True
+                    ranks[rank].switch(rank, per_rank_fn, case)
+                notify(rank, WAITING if rank in case.pending else FINISHED)
             runnable = self._progress(case)
+        self._case = None
+        return case.outcomes
 
     def _progress(self, case: _Case) -> list[int]:
         """No rank can run: complete the collective all ranks wait in, or abort a deadlock."""
@@ -178,8 +115,11 @@ class RankWorld:
                 case.results = {rank: failure for rank in waiting}
             else:
                 dim = entries[0][0]
-                tensors = [t for _, t in entries]
-                case.results = {rank: torch.cat(tensors, dim=dim) for rank in waiting}
+                try:
+                    gathered = torch.cat([t for _, t in entries], dim=dim)
+                    case.results = {rank: gathered.clone() if rank else gathered for rank in waiting}
+                except Exception as exc:  # noqa: BLE001 - a dim torch.cat refuses, on every rank
+                    case.results = {rank: f"{type(exc).__name__}: {exc}"[:200] for rank in waiting}
         else:
             reason = f"a peer never joined it (ranks that returned or raised instead: {case.returned})"
             case.results = {rank: reason for rank in waiting}
@@ -196,7 +136,6 @@ class RankWorld:
             aborted = True  # all_gather already recorded why in the trace
         except BaseException as exc:  # noqa: BLE001 - a target may raise anything, even SystemExit
             outcome.record_error(exc)
-        case.finished[rank] = True
         if not aborted:
             case.returned.append(rank)
 
@@ -204,6 +143,8 @@ class RankWorld:
         case = self._case
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"all_gather takes a tensor, got {type(tensor).__name__}")
+        if not isinstance(dim, int):
+            raise TypeError(f"all_gather takes an int dim, got {type(dim).__name__}")
         case.outcomes[rank].trace.append(("all_gather", dim, tuple(tensor.shape), str(tensor.dtype)))
         case.pending[rank] = (dim, tensor)
         greenlet.getcurrent().parent.switch()  # wait: the scheduler resumes us with a result
@@ -211,29 +152,19 @@ class RankWorld:
         if isinstance(result, str):
             message = f"all_gather on rank {rank} never completed: {result}"
             # The trace keeps the fact even if the target swallows the exception.
-            case.outcomes[rank].trace.append((INCOMPLETE, message))
+            case.outcomes[rank].trace.append((TRACE_INCOMPLETE, message))
             raise CollectiveAborted(message)
         return result
 
 
 class ThreadRunner:
-    """The in-process backend (`--backend threads`): a live world per world size, replacing
-    worlds that a timeout broke."""
+    """A live RankWorld per world size (trusted code only: the target runs in a worker)."""
 
-    def __init__(self, timeout: float = 10.0):
-        self.timeout = timeout
+    def __init__(self):
         self._worlds: dict[int, RankWorld] = {}
 
-    def observe_case(self, case, target):
-        """Run one case on its P ranks and judge it (the backend interface the engine uses)."""
-        from pcpcheck.check import run_case
-        return run_case(case, target, self)
-
-    def close(self) -> None:
-        """Nothing to release: runner threads are daemons and idle between cases."""
-
-    def run(self, size: int, per_rank_fn) -> list[RankOutcome]:
+    def run(self, size: int, per_rank_fn, on_switch=None) -> list[RankOutcome]:
         world = self._worlds.get(size)
-        if world is None or world.broken:
+        if world is None:
             world = self._worlds[size] = RankWorld(size)
-        return world.run(per_rank_fn, self.timeout)
+        return world.run(per_rank_fn, on_switch)

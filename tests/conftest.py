@@ -19,10 +19,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 @pytest.fixture(scope="session")
 def runner():
-    """One thread runner for the session: rank threads stay alive across cases."""
+    """One in-process rank scheduler for the session (trusted code: impl only)."""
     from pcpcheck.runner import ThreadRunner
 
-    return ThreadRunner(timeout=20.0)
+    return ThreadRunner()
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
-"""Real ranks: torch.distributed processes over gloo (pcpcheck.procs).
+"""Backends (pcpcheck.backends): the target runs in worker processes only, on threads (one
+worker hosting the P ranks) and gloo (one process per rank); every way a target can misbehave
+ends in a verdict, and nothing it started outlives the backend.
 
-One pool per world size (2 and 4) is shared by the file (module fixture); the tests that break a
-pool (a hung or dead rank) use their own runner. Whole file: ~30-40 s on 2 cores.
+Module-scoped backends are shared; tests that break a worker use their own. ~60-90 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -19,12 +21,12 @@ if not torch_dist.is_available() or not torch_dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
 from pcpcheck import cli  # noqa: E402
+from pcpcheck.backends import make_backend  # noqa: E402
 from pcpcheck.cases import Case  # noqa: E402
+from pcpcheck.check import run_case  # noqa: E402
 from pcpcheck.engine import search  # noqa: E402
-from pcpcheck.loader import load_target  # noqa: E402
-from pcpcheck.procs import DeviceThreadRunner, ProcessRunner  # noqa: E402
-from pcpcheck.runner import ThreadRunner  # noqa: E402
-from spec.names import COLLECTIVE, REGIMES  # noqa: E402
+from pcpcheck.loader import LoadError  # noqa: E402
+from spec.names import COLLECTIVE, REGIMES, REPLICA  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO_BUG = ROOT / "tests" / "zoo" / "bug04_truncated_slots.py"
@@ -37,112 +39,216 @@ CASE = Case.from_json(
     '{"batch":{"regime":"sharded","pcp_size":2,"requests":[{"num_tokens":2,"prefilling":true,'
     '"context_len":0,"blocks":[0,1]}],"block_size":1,"interleave":1,"graph_size":0,"dp_pad":0,'
     '"pad_slot_map":false,"num_decode_tokens":null},"tensors":[{"trailing":[4],"dtype":"float32"}]}')
+CASE4 = Case.from_json(CASE.to_json().replace('"pcp_size":2', '"pcp_size":4').replace(
+    '"num_tokens":2', '"num_tokens":4').replace('"blocks":[0,1]', '"blocks":[0,1,2,3]'))
+
+HEAD = "from vllm.distributed.parallel_state import get_pcp_group\n"
+GATHER = """
+def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
+    group = get_pcp_group()
+    {before}
+    rows = tuple(group.all_gather(t.contiguous(), dim=0) for t in tensors)
+    return {returned}
+"""
+
+
+def _target(tmp_path, name: str, before: str = "pass", returned: str = "rows, slot_mapping",
+            top: str = "") -> str:
+    """A vLLM-style target file: a correct sharded gather with `before` run first on each call."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(HEAD + textwrap.dedent(top) + GATHER.format(before=before, returned=returned))
+    return str(path)
 
 
 def _alive(pid: int) -> bool:
     try:
-        import psutil
-    except ImportError:
-        try:
-            os.kill(pid, 0)  # joined (reaped) processes are gone, not zombies
-        except ProcessLookupError:
-            return False
-        return True
-    return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def threads():
+    backend = make_backend("threads", timeout=TIMEOUT)
+    yield backend
+    backend.close()
 
 
 @pytest.fixture(scope="module")
 def gloo():
-    runner = ProcessRunner("gloo", timeout=TIMEOUT)
-    runner.start(SIZES)
-    yield runner
-    runner.close()
-    assert not [pid for pid in runner.retired_pids if _alive(pid)]
+    backend = make_backend("gloo", timeout=TIMEOUT, world_sizes=SIZES)
+    yield backend
+    backend.close()
+    assert not [pid for pid in backend.retired_pids if _alive(pid)]
 
 
-def _first_invariants(target, runner, regimes, examples=15):
+def _first_invariants(target, backend, regimes, examples=15):
     """regime -> first invariant of each counterexample (derandomized: repeatable)."""
     return {regime: [o.violations[0].invariant
-                     for o in search(target, regime, runner, max_examples=examples,
+                     for o in search(target, regime, backend, max_examples=examples,
                                      pcp_sizes=SIZES).counterexamples]
             for regime in regimes}
 
 
-def test_bundled_impl_holds_on_gloo_ranks(gloo):
-    target = load_target("impl")
-    before = gloo.pids()
-    for regime in REGIMES:
-        result = search(target, regime, gloo, max_examples=10, pcp_sizes=SIZES)
-        assert not result.counterexamples, (regime, result.counterexamples[0].violations)
-        assert result.cases >= 10
-    assert gloo.pids() == before  # a holding target never breaks a pool
+def test_bundled_impl_holds_on_both_backends(threads, gloo):
+    for backend in (threads, gloo):
+        target = backend.load("impl")
+        before = backend.pids
+        for regime in REGIMES:
+            result = search(target, regime, backend, max_examples=8, pcp_sizes=SIZES)
+            assert not result.counterexamples, (backend.name, regime, result.counterexamples[0].violations)
+        assert backend.pids == before  # a holding target never breaks a worker
 
 
-def test_each_drawn_case_uses_a_pool_world_size(gloo):
-    sizes = set()
-
-    class Spy:
-        def observe_case(self, case, target):
-            sizes.add(case.batch.pcp_size)
-            return gloo.observe_case(case, target)
-
-    search(load_target("impl"), "sharded", Spy(), max_examples=15, pcp_sizes=SIZES)
-    assert sizes <= set(SIZES) and sizes
-
-
-def test_zoo_bug_same_invariant_as_threads(gloo):
-    target = load_target(str(ZOO_BUG))
+def test_zoo_bug_same_invariant_on_both_backends(threads, gloo):
     regimes = ("sharded", "dcp")
-    on_gloo = _first_invariants(target, gloo, regimes, 40)
-    on_threads = _first_invariants(target, ThreadRunner(timeout=TIMEOUT), regimes, 40)
+    on_gloo = _first_invariants(gloo.load(str(ZOO_BUG)), gloo, regimes, 30)
+    on_threads = _first_invariants(threads.load(str(ZOO_BUG)), threads, regimes, 30)
     assert on_gloo == on_threads
-    assert on_gloo["sharded"][:1] == ["REPLICA"]  # as tests/test_zoo.py expects in-process
+    assert on_gloo["sharded"][:1] == [REPLICA]  # as tests/test_zoo.py expects
 
 
-def test_skipped_collective_is_collective_without_waiting(gloo):
-    target = load_target(str(HOSTILE / "skip_collective_rank1.py"))
-    before = gloo.pids()
-    started = time.monotonic()
-    observation = gloo.observe_case(CASE, target)
-    elapsed = time.monotonic() - started
-    assert observation.violations[0].invariant == COLLECTIVE
-    assert any("a peer never joined it" in str(entry) for entry in observation.ranks[0].trace)
-    assert elapsed < TIMEOUT  # detected by the FINISHED headers, not by a timeout
-    assert gloo.pids() == before  # the group stayed aligned: no teardown needed
-    assert gloo.observe_case(CASE, load_target("impl")).violations == []
-    threads = _first_invariants(target, ThreadRunner(timeout=TIMEOUT), ("sharded",), 10)
-    assert _first_invariants(target, gloo, ("sharded",), 10) == threads == {"sharded": [COLLECTIVE]}
+def test_the_driver_never_imports_the_target(threads, tmp_path):
+    # At import, the target makes every predicate hold and marks the process it runs in.
+    path = _target(tmp_path, "forger", top="""
+        import builtins, sys
+        import spec.invariants as inv
+        for name in ("replica", "shard", "returns", "collective_agreement"):
+            setattr(inv, name, lambda *args, **kwargs: True)
+        builtins.PCPCHECK_TARGET_WAS_HERE = True
+        """, returned="rows, slot_mapping[:1]")  # truncated slots: REPLICA fails
+    observation = run_case(CASE, threads.load(path), threads)
+    assert observation.violations[0].invariant == REPLICA
+    import builtins
+    assert not hasattr(builtins, "PCPCHECK_TARGET_WAS_HERE")
+    assert not [name for name in sys.modules if "forger" in name]
 
 
+@pytest.mark.parametrize("backend_name", ["threads", "gloo"])
+def test_each_rank_has_its_own_module_instance(backend_name, threads, gloo, tmp_path):
+    # Rows exchanged through a module global instead of a collective: works only if the ranks
+    # share the module, which real processes never do.
+    path = _target(tmp_path, "shared_global", top="""
+        import torch
+        BOARD = {}
+        def _gather_via_global(tensors, slot_mapping):
+            group = get_pcp_group()
+            BOARD[group.rank_in_group] = tensors
+            group.all_gather(torch.zeros(1), 0)  # a barrier, so every rank has posted
+            ranks = range(group.world_size)
+            return tuple(torch.cat([BOARD.get(r, tensors)[k] for r in ranks]) for k in range(len(tensors)))
+        """, before="return _gather_via_global(tensors, slot_mapping), slot_mapping")
+    backend = threads if backend_name == "threads" else gloo
+    observation = run_case(CASE, backend.load(path), backend)
+    assert REPLICA in [v.invariant for v in observation.violations]  # rows never exchanged
+
+
+def test_a_lying_tensor_subclass_does_not_fool_the_verdict(threads, tmp_path):
+    path = _target(tmp_path, "liar", top="""
+        import torch
+        class Honest(torch.Tensor):
+            def tolist(self):
+                return [0, 1]  # what a correct gather would return
+        """, returned="rows, slot_mapping[:1].as_subclass(Honest)")
+    observation = run_case(CASE, threads.load(path), threads)
+    assert observation.violations[0].invariant == REPLICA
+    assert observation.ranks[0].slots == [0]
+
+
+def test_timeouts_are_per_rank_on_threads(tmp_path):
+    # 4 ranks x 0.4 s per call: 1.6 s in all, each rank well under its 1 s.
+    path = _target(tmp_path, "slow", before="__import__('time').sleep(0.4)")
+    with make_backend("threads", timeout=1.0) as backend:
+        observation = run_case(CASE4, backend.load(path), backend)
+    assert observation.violations == []
+
+
+@pytest.mark.parametrize("backend_name", ["threads", "gloo"])
 @pytest.mark.parametrize("hostile, message", [
     ("hang_rank1.py", "rank 1 did not return within 2 s"),
     ("die_rank1.py", "rank 1 died (exit code 3) before returning; stderr: rank 1: simulated crash"),
 ])
-def test_hung_or_dead_rank_is_collective_and_leaves_no_process(hostile, message, monkeypatch):
+def test_hung_or_dead_rank_is_collective_and_leaves_no_process(backend_name, hostile, message,
+                                                              monkeypatch):
     monkeypatch.setenv("PCPCHECK_HANG_SECONDS", "120")
-    runner = ProcessRunner("gloo", timeout=2.0)
+    backend = make_backend(backend_name, timeout=2.0, world_sizes=[2])
     try:
-        runner.start([2])
-        first = runner.pids()
+        target = backend.load(str(HOSTILE / hostile))
+        first = backend.pids
         started = time.monotonic()
-        observation = runner.observe_case(CASE, load_target(str(HOSTILE / hostile)))
+        observation = run_case(CASE, target, backend)
         elapsed = time.monotonic() - started
         assert observation.violations[0].invariant == COLLECTIVE
         assert observation.ranks[1].trace[-1][1] == message
-        assert elapsed < 2.0 + 8.0  # timeout + 1.5 s grace + teardown, with room for a loaded box
+        assert elapsed < 2.0 + 8.0  # timeout + grace + teardown, with room for a loaded box
         assert not [pid for pid in first if _alive(pid)]  # torn down at once, no orphans
-        # the next case gets a fresh pool
-        assert runner.observe_case(CASE, load_target("impl")).violations == []
-        assert set(runner.pids()).isdisjoint(first)
+        impl = backend.load("impl")  # the next case gets a fresh worker, targets reloaded
+        assert run_case(CASE, impl, backend).violations == []
+        assert set(backend.pids).isdisjoint(first)
     finally:
-        runner.close()
-    assert not [pid for pid in runner.retired_pids if _alive(pid)]
+        backend.close()
+    assert not [pid for pid in backend.retired_pids if _alive(pid)]
 
 
-def test_device_thread_runner_on_cpu():
-    result = search(load_target("impl"), "sharded", DeviceThreadRunner(device="cpu"),
-                    max_examples=10)
-    assert not result.counterexamples
+def test_exit_zero_in_a_call_is_a_verdict_and_at_import_a_load_error(threads, tmp_path):
+    path = _target(tmp_path, "exits", before="if group.rank_in_group == 1: __import__('os')._exit(0)")
+    observation = run_case(CASE, threads.load(path), threads)
+    assert observation.violations[0].invariant == COLLECTIVE
+    assert observation.ranks[1].trace[-1][1] == "rank 1 died (exit code 0) before returning"
+    with pytest.raises(LoadError, match="exit code 0"):
+        threads.load(_target(tmp_path, "exits_at_import", top="import os\nos._exit(0)\n"))
+    assert run_case(CASE, threads.load("impl"), threads).violations == []
+
+
+def test_a_hang_at_import_is_a_bounded_load_error(tmp_path):
+    from pcpcheck.backends.threads import ThreadsBackend
+    with ThreadsBackend(timeout=1.0, load_timeout=2.0) as backend:
+        started = time.monotonic()
+        with pytest.raises(LoadError, match="within 2 s"):
+            backend.load(_target(tmp_path, "loops", top="while True:\n    pass\n"))
+        assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("backend_name", ["threads", "gloo"])
+def test_output_is_captured_per_rank_at_the_fd_level(backend_name, threads, gloo, tmp_path, capfd):
+    path = _target(tmp_path, "noisy_fd", before=(
+        "__import__('os').write(1, b'raw from rank %d\\n' % group.rank_in_group); "
+        "print('printed by rank', group.rank_in_group)"))
+    backend = threads if backend_name == "threads" else gloo
+    observation = run_case(CASE, backend.load(path), backend)
+    for rank in (0, 1):
+        assert observation.ranks[rank].output == f"raw from rank {rank}\nprinted by rank {rank}\n"
+    assert "raw from rank" not in capfd.readouterr().out
+
+
+def test_nothing_a_target_started_outlives_the_backend(tmp_path):
+    marker = tmp_path / "pids"
+    path = _target(tmp_path, "spawner", before="_spawn()", top=f"""
+        import os, threading, time
+        def _spawn():
+            threading.Thread(target=time.sleep, args=(600,)).start()  # non-daemon
+            if os.fork() == 0:  # a child, and a grandchild in a session of its own
+                os.setsid()
+                if os.fork() == 0:
+                    with open({str(marker)!r}, "a") as out:
+                        out.write(f"{{os.getpid()}}\\n")
+                    time.sleep(600)
+                os._exit(0)
+        """)
+    backend = make_backend("threads", timeout=TIMEOUT)
+    workspace = backend._workspace.path
+    run_case(CASE, backend.load(path), backend)
+    deadline = time.monotonic() + 10
+    while (not marker.exists() or len(marker.read_text().split()) < 2) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    escaped = [int(pid) for pid in marker.read_text().split()]
+    assert escaped and all(_alive(pid) for pid in escaped)
+    worker = backend.pids[0]
+    backend.close()
+    time.sleep(0.2)
+    assert not [pid for pid in [worker, *escaped] if _alive(pid)]
+    assert not os.path.exists(workspace)
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -151,6 +257,9 @@ def test_device_thread_runner_on_cpu():
     (["--backend", "gloo", "--world-sizes", "2,x"], "comma list"),
     (["--world-sizes", "9"], "between 2 and 8"),
     (["--backend", "gloo", "--device", "cuda"], "--device cuda is for --backend threads"),
+    (["--timeout", "nan"], "--timeout must be positive and finite"),
+    (["--timeout", "inf"], "--timeout must be positive and finite"),
+    (["--timeout", "0"], "--timeout must be positive and finite"),
 ])
 def test_backend_usage_errors_exit_2(argv, words, capsys):
     assert cli.main(["check", *argv]) == cli.EXIT_USAGE

@@ -1,18 +1,26 @@
-"""The in-process rank runner: real data movement, and no way for a target to hang it."""
+"""The in-process rank scheduler (pcpcheck.runner) and the wire format (pcpcheck.backends.wire):
+real data movement between greenlet ranks, deadlocks detected at once, and tensors read as plain
+bytes whatever the object returned claims about itself."""
 
 from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
+import spec.invariants as inv
+from pcpcheck.backends import wire
 from pcpcheck.rankctx import current_group
-from pcpcheck.runner import ThreadRunner
-from spec.invariants import INCOMPLETE
+from pcpcheck.runner import FINISHED, RUNNING, WAITING, ThreadRunner
 
 
 def _incomplete(outcome) -> list[str]:
-    return [entry[1] for entry in outcome.trace if entry[0] == INCOMPLETE]
+    return [entry[1] for entry in outcome.trace if entry[0] == inv.INCOMPLETE]
+
+
+def test_the_wire_tag_is_the_spec_tag():
+    assert wire.TRACE_INCOMPLETE == inv.INCOMPLETE
 
 
 def test_all_gather_is_rank_major_and_every_rank_gets_its_own_copy():
@@ -21,10 +29,18 @@ def test_all_gather_is_rank_major_and_every_rank_gets_its_own_copy():
         result.add_(100 * rank)  # a rank scribbling on its result must not reach its peers
         return result
 
-    outcomes = ThreadRunner(timeout=5).run(3, gather)
+    outcomes = ThreadRunner().run(3, gather)
     assert [o.value.tolist() for o in outcomes] == [[0, 0, 1, 1, 2, 2], [100, 100, 101, 101, 102, 102],
                                                     [200, 200, 201, 201, 202, 202]]
     assert all(o.trace == [("all_gather", 0, (2,), "torch.int64")] for o in outcomes)
+
+
+def test_on_switch_tells_which_rank_runs_and_waits():
+    seen = []
+    ThreadRunner().run(2, lambda rank: current_group().all_gather(torch.zeros(1), 0),
+                       on_switch=lambda rank, state: seen.append((rank, state)))
+    assert seen == [(0, RUNNING), (0, WAITING), (1, RUNNING), (1, WAITING),
+                    (0, RUNNING), (0, FINISHED), (1, RUNNING), (1, FINISHED)]
 
 
 def test_a_rank_that_skips_the_collective_releases_its_peers_at_once():
@@ -34,7 +50,7 @@ def test_a_rank_that_skips_the_collective_releases_its_peers_at_once():
         return current_group().all_gather(torch.zeros(1), 0)
 
     started = time.monotonic()
-    outcomes = ThreadRunner(timeout=30).run(3, skip)
+    outcomes = ThreadRunner().run(3, skip)
     assert time.monotonic() - started < 5  # deadlock detected, not timed out
     assert outcomes[1].value == "skipped" and not _incomplete(outcomes[1])
     for rank in (0, 2):
@@ -42,7 +58,7 @@ def test_a_rank_that_skips_the_collective_releases_its_peers_at_once():
 
 
 def test_unequal_shapes_fail_the_collective_on_every_rank():
-    outcomes = ThreadRunner(timeout=5).run(2, lambda rank: current_group().all_gather(torch.zeros(rank + 1), 0))
+    outcomes = ThreadRunner().run(2, lambda rank: current_group().all_gather(torch.zeros(rank + 1), 0))
     assert all("shapes disagree" in _incomplete(o)[0] for o in outcomes)
 
 
@@ -53,33 +69,87 @@ def test_a_swallowed_abort_stays_in_the_trace():
         except Exception:  # noqa: BLE001 - what a careless target does
             return "swallowed"
 
-    outcomes = ThreadRunner(timeout=5).run(2, swallow)
+    outcomes = ThreadRunner().run(2, swallow)
     assert outcomes[1].value == "swallowed" and _incomplete(outcomes[1])
 
 
-def test_a_hung_rank_times_out_and_the_runner_keeps_working():
-    runner = ThreadRunner(timeout=0.3)
-
-    def hang(rank):
-        if rank == 0:
-            time.sleep(2)
-        return current_group().all_gather(torch.zeros(1), 0)
-
-    outcomes = runner.run(2, hang)
-    assert _incomplete(outcomes[0]) == ["rank 0 did not return within 0.3 s"]
-    assert _incomplete(outcomes[1]) == ["rank 1 never ran: rank 0 hung first"]
-    healthy = runner.run(2, lambda rank: current_group().all_gather(torch.full((1,), rank), 0))
-    assert [o.value.tolist() for o in healthy] == [[0, 1], [0, 1]]
-
-
-def test_errors_exits_and_prints_are_caught_per_rank(capsys):
+def test_errors_and_exits_are_caught_per_rank():
     def hostile(rank):
-        print(f"noise from rank {rank}")
         if rank == 0:
             raise SystemExit(3)
         raise ValueError("bad input")
 
-    outcomes = ThreadRunner(timeout=5).run(2, hostile)
+    outcomes = ThreadRunner().run(2, hostile)
     assert [o.error for o in outcomes] == ["SystemExit: 3", "ValueError: bad input"]
-    assert [o.output for o in outcomes] == ["noise from rank 0\n", "noise from rank 1\n"]
-    assert "noise" not in capsys.readouterr().out
+
+
+class _Liar(torch.Tensor):
+    """Claims other content through every method a reader might call."""
+
+    def tolist(self):
+        return [0, 1, 2, 3]
+
+    def numpy(self):
+        return torch.zeros(4, dtype=torch.int64).numpy()
+
+    def contiguous(self, *args, **kwargs):
+        return torch.zeros(4, dtype=torch.int64)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.tolist:
+            return [0, 1, 2, 3]
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_tensor_subclass_cannot_lie_about_its_bytes():
+    real = torch.tensor([7, 8, 9, 10], dtype=torch.int64)
+    liar = real.as_subclass(_Liar)
+    assert liar.tolist() == [0, 1, 2, 3]  # the lie works on whoever asks the object
+    dtype, shape, content = wire.tensor_bytes(liar)
+    assert (dtype, shape) == ("torch.int64", [4])
+    assert wire.tensor_from_bytes(dtype, shape, content).tolist() == [7, 8, 9, 10]
+
+
+def test_values_cross_as_plain_data():
+    blobs: list = []
+    value = ([torch.arange(6, dtype=torch.float32).reshape(2, 3)[:, 1:]], torch.tensor([3, -1]))
+    tree = wire.encode_value(value, blobs)
+    header, blobs_back = wire.unpack(wire.pack({"op": "x", "value": tree}, blobs))
+    decoded = wire.decode_value(header["value"], blobs_back)
+    assert isinstance(decoded, tuple) and isinstance(decoded[0], list)
+    assert type(decoded[0][0]) is torch.Tensor
+    assert decoded[0][0].tolist() == [[1.0, 2.0], [4.0, 5.0]] and decoded[1].tolist() == [3, -1]
+    other = wire.decode_value(wire.encode_value({"a": 1}, []), [])
+    assert type(other).__name__ == "dict" and not isinstance(other, dict)  # named, never rebuilt
+
+
+@pytest.mark.parametrize("tree, blobs", [
+    ({"t": "tensor", "dtype": "torch.float32", "shape": [2], "blob": 0}, [b"\0" * 7]),
+    ({"t": "tensor", "dtype": "os.system", "shape": [1], "blob": 0}, [b"\0" * 4]),
+    ({"t": "tensor", "dtype": "torch.int8", "shape": [-1], "blob": 0}, [b""]),
+])
+def test_a_forged_tensor_description_is_refused(tree, blobs):
+    with pytest.raises(ValueError):
+        wire.decode_value(tree, blobs)
+
+
+def test_reader_never_blocks_past_its_deadline():
+    import os
+    read_end, write_end = os.pipe()
+    try:
+        reader = wire.Reader(read_end)
+        os.write(write_end, wire.pack({"op": "a"})[:5])  # half a message
+        started = time.monotonic()
+        assert reader.recv(time.monotonic() + 0.2) is None
+        assert time.monotonic() - started < 2
+        os.write(write_end, wire.pack({"op": "a"})[5:])
+        assert reader.recv(time.monotonic() + 1)[0]["op"] == "a"
+        os.close(write_end)
+        write_end = None
+        with pytest.raises(wire.ChannelClosed):
+            reader.recv(time.monotonic() + 1)
+    finally:
+        os.close(read_end)
+        if write_end is not None:
+            os.close(write_end)

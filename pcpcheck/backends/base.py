@@ -1,0 +1,139 @@
+"""The Backend interface, and what crosses it: plain data only.
+
+    backend = make_backend("threads", timeout=10.0)       # pcpcheck.backends
+    target = backend.load("path/to/pcp.py", None)         # TargetInfo; LoadError if it cannot load
+    results = backend.run(prepared, target)               # list[RankResult], one per rank
+    backend.close()                                       # every process gone, files removed
+
+`pcpcheck.check.run_case` is the one place that prepares a case, runs it on a backend, observes
+and judges it. A backend never judges, and never imports the target: its workers do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pcpcheck.backends import wire
+from pcpcheck.loader import LoadError
+
+GRACE = 1.5  # seconds the driver waits past a death or a hang for the other ranks' reports
+STARTUP_TIMEOUT = 120.0  # seconds for a worker to start (import torch, join a group)
+
+
+class WorkerError(Exception):
+    """Worker processes could not start (not the target's doing: no target is loaded yet)."""
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What the driver knows of a target: sent back by the worker that loaded it."""
+
+    source: str  # as given (a path, module:function, impl): what the workers load
+    function: str | None  # --function as given
+    name: str
+    stand_ins: tuple[str, ...]
+    accepts_shard: bool
+    function_name: str
+
+
+@dataclass
+class RankResult:
+    """One rank's call, as the worker reported it (or as the driver records a lost rank)."""
+
+    error: str | None = None
+    error_detail: str | None = None
+    trace: list[tuple] = field(default_factory=list)
+    output: str = ""
+    value: object = None  # rebuilt by the driver: tuples, lists, plain tensors, stand-ins
+    inputs_after: list[bytes] | None = None  # None: unknown (the rank never reported)
+    poisoned: bool = False  # its process group failed: the pool must be replaced
+
+
+class Backend:
+    """Runs cases on P ranks in worker processes. Subclasses implement `_load` and `run`."""
+
+    name = "backend"
+
+    def __init__(self, timeout: float):
+        self.timeout = timeout
+        self._targets: dict[tuple, TargetInfo] = {}
+
+    def load(self, source: str, function: str | None = None) -> TargetInfo:
+        """Load the target in the workers (bounded); its metadata. Idempotent."""
+        key = (source, function)
+        if key not in self._targets:
+            self._targets[key] = self._load(source, function)
+        return self._targets[key]
+
+    def run(self, prepared, target: TargetInfo) -> list[RankResult]:
+        """Run one prepared case (pcpcheck.check.Prepared) on every rank."""
+        raise NotImplementedError
+
+    def run_many(self, prepareds, target: TargetInfo):
+        """`run` over an iterable of cases, results in order; a backend may keep several cases in
+        flight (threads: the worker runs the next case while the driver judges this one)."""
+        for prepared in prepareds:
+            yield self.run(prepared, target)
+
+    def close(self) -> None:
+        """Stop every worker (and whatever it started); remove temporary files. Idempotent."""
+
+    def _load(self, source: str, function: str | None) -> TargetInfo:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def load_message(target_source: str, function: str | None, copies: int) -> dict:
+    return {"op": "load", "source": target_source, "function": function or "", "copies": copies}
+
+
+def target_info(source: str, function: str | None, header: dict) -> TargetInfo:
+    """The driver's TargetInfo from a worker's reply (LoadError if it is one)."""
+    if header.get("op") == "load_error":
+        raise LoadError(str(header.get("message"))[:500])
+    if header.get("op") != "loaded":
+        raise LoadError(f"{source}: the worker answered {str(header.get('op'))[:50]!r} to loading")
+    return TargetInfo(source, function, str(header["name"]), tuple(map(str, header["stand_ins"])),
+                      bool(header["accepts_shard"]), str(header["function_name"]))
+
+
+def case_message(prepared, target: TargetInfo, ranks) -> tuple[dict, list]:
+    """The case for the ranks a worker hosts: its inputs as bytes, nothing else."""
+    header = {"op": "case", "source": target.source, "function": target.function or "",
+              "size": prepared.size, "shard": prepared.shard,
+              "tensors": [[str(spec.torch_dtype), list(spec.trailing)] for spec in prepared.case.tensors],
+              "nds": [prepared.nds[rank] for rank in ranks]}
+    blobs = []
+    for rank in ranks:
+        blobs += [source.tobytes() for source in prepared.sources[rank]]
+        blobs.append(prepared.slot_maps[rank].tobytes())
+    return header, blobs
+
+
+def decode_rank(result: dict, blobs: list) -> RankResult:
+    """A worker's report of one rank, decoded by the driver from plain data."""
+    rank = RankResult(error=_text(result.get("error")), error_detail=_text(result.get("error_detail")),
+                      output=str(result.get("output") or ""), poisoned=bool(result.get("poisoned")))
+    for entry in result.get("trace") or []:
+        rank.trace.append(tuple(tuple(item) if isinstance(item, list) else item for item in entry))
+    try:
+        rank.inputs_after = [bytes(blobs[i]) for i in result["inputs_after"]]
+        if rank.error is None:
+            rank.value = wire.decode_value(result.get("value"), blobs)
+    except (ValueError, TypeError, KeyError, IndexError, RuntimeError) as exc:
+        rank.error = f"returned tensors pcpcheck cannot read: {type(exc).__name__}: {exc}"[:300]
+    return rank
+
+
+def lost_rank(reason: str, output: str = "") -> RankResult:
+    """A rank that never reported: its call did not complete."""
+    return RankResult(trace=[(wire.TRACE_INCOMPLETE, reason)], output=output)
+
+
+def _text(value) -> str | None:
+    return None if value is None else str(value)

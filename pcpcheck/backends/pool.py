@@ -1,0 +1,247 @@
+"""Worker processes, from the driver's side: start, talk, time, stop, clean up.
+
+Every worker runs `python -m pcpcheck.backends.worker` in its own session (Ctrl-C reaches only
+the driver; the whole session is killed at once), dies with the driver (PR_SET_PDEATHSIG), and
+talks over two pipes. The driver is a child subreaper, so a process a target double-forks out of
+its session is reparented here and killed too. Each backend's files (capture, status) live in
+one temporary directory, removed when the backend closes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import mmap
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pcpcheck.backends import wire
+from pcpcheck.backends.worker import MAX_OUTPUT, MAX_RANKS, STATUS
+
+_ROOT = str(Path(__file__).resolve().parents[2])  # what makes `pcpcheck` importable
+_LIVE: dict[int, "WorkerProcess"] = {}  # pid -> worker, for the exit handler and orphan reaping
+_WORKSPACES: set[str] = set()  # directories not removed yet (a backend never closed)
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> None:
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    except Exception:  # noqa: BLE001 - not Linux
+        pass
+
+
+class Workspace:
+    """A backend's temporary directory."""
+
+    def __init__(self, name: str):
+        self.path = tempfile.mkdtemp(prefix=f"pcpcheck-{name}-")
+        _WORKSPACES.add(self.path)
+        self._count = 0
+
+    def files(self, label: str) -> tuple[str, str]:
+        self._count += 1
+        stem = os.path.join(self.path, f"{label}-{self._count}")
+        with open(stem + ".status", "wb") as handle:
+            handle.write(bytes(STATUS.size))
+        return stem + ".out", stem + ".status"
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        _WORKSPACES.discard(self.path)
+
+
+class WorkerProcess:
+    """One worker: its process, its two pipes, its status and capture files."""
+
+    def __init__(self, workspace: Workspace, label: str, config: dict):
+        _become_subreaper()
+        self.label = label
+        self.capture_path, status_path = workspace.files(label)
+        to_worker, from_driver = os.pipe()  # the worker reads to_worker; we write from_driver
+        from_worker, to_driver = os.pipe()
+        config = dict(config, parent=os.getpid(), status=status_path, capture=self.capture_path)
+        config.update({"in": to_worker, "out": to_driver})
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([_ROOT, *filter(None, [env.get("PYTHONPATH")])])
+        with open(self.capture_path, "ab") as capture:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "pcpcheck.backends.worker", json.dumps(config)],
+                stdin=subprocess.DEVNULL, stdout=capture, stderr=capture, env=env,
+                pass_fds=(to_worker, to_driver), start_new_session=True, close_fds=True)
+        os.close(to_worker)
+        os.close(to_driver)
+        self.pid = self.process.pid
+        _LIVE[self.pid] = self
+        self._to_worker = from_driver
+        os.set_blocking(from_driver, False)  # send() reads replies while the pipe is full
+        self.reader = wire.Reader(from_worker)
+        with open(status_path, "rb") as handle:
+            self._status = mmap.mmap(handle.fileno(), STATUS.size, prot=mmap.PROT_READ)
+        self.alive = True
+
+    def send(self, header: dict, blobs=()) -> bool:
+        """False if the worker is gone."""
+        try:
+            wire.send(self._to_worker, header, blobs, drain=self.reader)
+            return True
+        except (OSError, wire.ChannelClosed):
+            return False
+
+    def status(self) -> tuple[int, float, list[float], list[int]]:
+        """(running rank or -1, since, seconds per rank, state per rank)."""
+        values = STATUS.unpack_from(self._status)
+        return values[0], values[1], list(values[2:2 + MAX_RANKS]), list(values[2 + MAX_RANKS:])
+
+    def overtime(self, timeout: float) -> int | None:
+        """The rank that has run longer than `timeout` in this case, if any."""
+        running, since, seconds, _ = self.status()
+        if running >= 0 and seconds[running] + time.monotonic() - since > timeout:
+            return running
+        return None
+
+    def exit_reason(self) -> str:
+        """How the process ended (after EOF on its pipe)."""
+        try:
+            code = self.process.wait(1.0)
+        except subprocess.TimeoutExpired:
+            return "closed its pipe to pcpcheck"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
+
+    def output_tail(self) -> str:
+        try:
+            with open(self.capture_path, "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                handle.seek(max(0, handle.tell() - MAX_OUTPUT))
+                return handle.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """The worker's whole session and everything it left behind, now. Idempotent."""
+        if not self.alive:
+            return
+        self.alive = False
+        _kill_session(self.pid)
+        try:
+            self.process.wait(5.0)
+        except subprocess.TimeoutExpired:
+            pass
+        _LIVE.pop(self.pid, None)
+        for fd in (self._to_worker, self.reader.fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._status.close()
+        _reap_orphans()
+
+
+def _kill_session(sid: int) -> None:
+    try:
+        os.killpg(sid, signal.SIGKILL)
+    except OSError:
+        pass
+    for pid, _, session in _processes():
+        if session == sid:
+            _kill(pid)
+
+
+def _processes():
+    """(pid, parent pid, session id) of every process we can see."""
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+            yield int(entry.name), int(fields[1]), int(fields[3])
+        except (OSError, IndexError, ValueError):
+            continue
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _reap_orphans() -> None:
+    """Processes a target double-forked into a session of their own: reparented to this
+    subreaper, they are our children but not workers nor in our session."""
+    me, mine = os.getpid(), os.getsid(0)
+    for pid, parent, session in _processes():
+        if parent == me and pid not in _LIVE and session != mine:
+            _kill(pid)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+@atexit.register
+def _kill_all() -> None:
+    """A backend never closed (an exception between start and close): its workers and files."""
+    for worker in list(_LIVE.values()):
+        worker.kill()
+    for path in list(_WORKSPACES):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def wait_results(workers: list[WorkerProcess], timeout: float, grace: float):
+    """One message per worker, or why none came: {index: ("result", header, blobs) |
+    ("died", reason) | ("hung", rank) | ("late", None)}. A worker whose rank runs longer than
+    `timeout` is hung; after a death or a hang the others get `grace` seconds to report."""
+    import select
+    outcome: dict[int, tuple] = {}
+    pending = dict(enumerate(workers))
+    hard_deadline = None
+    tick = min(0.2, timeout / 4)
+    while pending:
+        now = time.monotonic()
+        if hard_deadline is not None and now >= hard_deadline:
+            break
+        wait = tick if hard_deadline is None else min(tick, hard_deadline - now)
+        if any(w.reader.buffered for w in pending.values()):
+            wait = 0  # a reply may already be read (while sending)
+        ready = select.select([w.reader.fd for w in pending.values()], [], [], max(wait, 0))[0]
+        for index, worker in list(pending.items()):
+            if worker.reader.fd in ready or worker.reader.buffered:
+                try:
+                    message = worker.reader.recv(time.monotonic())
+                except wire.ChannelClosed:
+                    outcome[index] = ("died", worker.exit_reason())
+                    message = None
+                else:
+                    if message is None:
+                        continue
+                    header, blobs = message
+                    if header.get("op") == "fail":
+                        outcome[index] = ("died", f"pcpcheck's worker failed: {header.get('message')}")
+                    else:
+                        outcome[index] = ("result", header, blobs)
+                del pending[index]
+                if outcome[index][0] == "died":
+                    hard_deadline = min(hard_deadline or now + grace, now + grace)
+                continue
+            rank = worker.overtime(timeout)
+            if rank is not None:
+                outcome[index] = ("hung", rank)
+                del pending[index]
+                hard_deadline = min(hard_deadline or now + grace, now + grace)
+    for index in pending:
+        outcome[index] = ("late", None)
+    return outcome

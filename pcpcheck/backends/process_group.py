@@ -1,0 +1,144 @@
+"""The group a rank sees on a real torch.distributed process group (gloo, nccl, torchrun).
+
+`GroupAdapter`: pcpcheck's own vLLM-style view (world_size, rank_in_group, all_gather(t, dim))
+of a ProcessGroup, moving dtypes the backend lacks (bfloat16, float8, ... on gloo) as bytes.
+`CheckedGroup` wraps it for one call: it records every all_gather in the rank's trace, as
+`("all_gather", dim, shape, dtype)`, and before the real collective exchanges a fixed-size header
+(16 int64) on every rank:
+- headers disagree (dim, shape, dtype): every rank raises `CollectiveAborted` instead of handing
+  the backend unequal shapes (which can crash or hang it);
+- a rank that returned or raised joins the header rounds with a FINISHED header until every rank
+  has finished (`finish`): a rank waiting in a collective that a peer skipped sees FINISHED and
+  aborts at once, without a timeout. Every rank issues the same number of operations, so the
+  group stays usable for the next case.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+from pcpcheck.backends.wire import TRACE_INCOMPLETE
+from pcpcheck.runner import CollectiveAborted
+
+_HEADER = 16  # [kind, dim, ndim, dtype code, shape (12, -1 padded)]
+_GATHER, _FINISHED = 1, 2
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+           torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64]
+_DTYPES += [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)]
+_NATIVE = {"gloo": {torch.float32, torch.float64, torch.float16, torch.int8, torch.uint8,
+                    torch.int32, torch.int64}}
+
+
+def _dtype_code(dtype: torch.dtype) -> int:
+    return _DTYPES.index(dtype) if dtype in _DTYPES else 1000 + zlib.crc32(str(dtype).encode()) % 10**6
+
+
+def _shape_text(header: list[int]) -> str:
+    ndim, code = header[2], header[3]
+    shape = header[4:4 + ndim] if ndim <= _HEADER - 4 else ["..."]
+    dtype = str(_DTYPES[code]) if 0 <= code < len(_DTYPES) else f"dtype#{code}"
+    return f"dim {header[1]} ({', '.join(map(str, shape))}{',' if ndim == 1 else ''}) {dtype}"
+
+
+class GroupAdapter:
+    """vLLM-style view of a torch.distributed ProcessGroup: rank-major all_gather along dim."""
+
+    def __init__(self, process_group, backend: str):
+        import torch.distributed as dist
+        self.process_group = process_group
+        self.world_size = dist.get_world_size(process_group)
+        self.rank_in_group = dist.get_rank(process_group)
+        self._native = _NATIVE.get(backend)  # None: every dtype is native (nccl)
+
+    def all_gather(self, input_: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        import torch.distributed as dist
+        if input_.dim() == 0:
+            raise ValueError("all_gather needs a tensor with at least one dimension")
+        dim %= input_.dim()
+        x = input_.contiguous()
+        as_bytes = self._native is not None and x.dtype not in self._native
+        if as_bytes:  # the last dim grows by the item size; element boundaries stay aligned
+            x = x.view(torch.uint8) if x.dim() else x.reshape(1).view(torch.uint8)
+        parts = [torch.empty_like(x) for _ in range(self.world_size)]
+        dist.all_gather(parts, x, group=self.process_group)
+        out = torch.cat(parts, dim=dim)
+        return out.view(input_.dtype) if as_bytes else out
+
+
+class CheckedGroup:
+    """The group a rank's call gets: trace, header rounds, then the real all_gather."""
+
+    def __init__(self, adapter: GroupAdapter, device: torch.device, trace: list, on_wait=None):
+        self._adapter = adapter
+        self._device = device
+        self._trace = trace
+        self._on_wait = on_wait or (lambda waiting: None)  # the host's hang clock
+        self.world_size = adapter.world_size
+        self.rank_in_group = adapter.rank_in_group
+        self.poisoned = False  # the backend itself failed: the group cannot be trusted any more
+
+    def _abort(self, reason: str) -> CollectiveAborted:
+        message = f"all_gather on rank {self.rank_in_group} never completed: {reason}"
+        self._trace.append((TRACE_INCOMPLETE, message))
+        return CollectiveAborted(message)
+
+    def _exchange(self, header: list[int]) -> list[list[int]]:
+        import torch.distributed as dist
+        mine = torch.tensor(header + [-1] * (_HEADER - len(header)), dtype=torch.int64,
+                            device=self._device)
+        parts = [torch.empty_like(mine) for _ in range(self.world_size)]
+        self._on_wait(True)
+        try:
+            dist.all_gather(parts, mine, group=self._adapter.process_group)
+        finally:
+            self._on_wait(False)
+        return [p.cpu().tolist() for p in parts]
+
+    def all_gather(self, input_: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        if not isinstance(input_, torch.Tensor):
+            raise TypeError(f"all_gather takes a tensor, got {type(input_).__name__}")
+        if not isinstance(dim, int):
+            raise TypeError(f"all_gather takes an int dim, got {type(dim).__name__}")
+        self._trace.append(("all_gather", dim, tuple(input_.shape), str(input_.dtype)))
+        if self.poisoned:
+            raise self._abort("the process group already failed on this rank")
+        shape = list(input_.shape)
+        header = [_GATHER, dim, len(shape), _dtype_code(input_.dtype)]
+        header += shape if len(shape) <= _HEADER - 4 else [zlib.crc32(str(shape).encode())]
+        try:
+            headers = self._exchange(header)
+        except Exception as exc:  # noqa: BLE001 - a backend timeout or a dead peer
+            self.poisoned = True
+            raise self._abort(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
+        finished = [r for r, h in enumerate(headers) if h[0] == _FINISHED]
+        if finished:
+            raise self._abort("a peer never joined it (ranks that returned or raised instead: "
+                              f"{finished})")
+        if any(h != headers[0] for h in headers):
+            raise self._abort("shapes disagree across ranks: " + ", ".join(
+                f"rank {r}: {_shape_text(h)}" for r, h in enumerate(headers)))
+        if not -input_.dim() <= dim < max(input_.dim(), 1):  # like torch.cat, on every rank alike
+            raise IndexError(f"all_gather: dim {dim} out of range for a {input_.dim()}-d tensor")
+        self._on_wait(True)
+        try:
+            return self._adapter.all_gather(input_, dim)
+        except (TypeError, ValueError):
+            raise  # argument checks: identical on every rank, nothing was sent
+        except Exception as exc:  # noqa: BLE001
+            self.poisoned = True
+            raise self._abort(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
+        finally:
+            self._on_wait(False)
+
+    def finish(self) -> None:
+        """After the call: FINISHED header rounds until every rank has finished."""
+        while not self.poisoned:
+            try:
+                headers = self._exchange([_FINISHED])
+            except Exception:  # noqa: BLE001
+                self.poisoned = True
+                return
+            if all(h[0] == _FINISHED for h in headers):
+                return

@@ -1,0 +1,136 @@
+"""`--backend threads`: one worker process hosts the P ranks of a case as greenlets.
+
+Fast (one round trip per case) and isolated: the target lives in the worker, one module instance
+per rank. A rank that runs longer than `timeout` (its own running time, not its peers'), or a
+worker that dies, costs the worker: it is killed with its session, the case gets a verdict, and
+a fresh worker (targets reloaded) serves the next case.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from pcpcheck.backends import base, pool
+from pcpcheck.backends.base import GRACE, STARTUP_TIMEOUT, Backend, RankResult, TargetInfo
+from pcpcheck.backends.worker import MAX_RANKS
+from pcpcheck.loader import LoadError
+from pcpcheck.runner import NOT_STARTED, WAITING
+
+
+class ThreadsBackend(Backend):
+    name = "threads"
+
+    def __init__(self, timeout: float = 10.0, device: str = "cpu", load_timeout: float | None = None):
+        super().__init__(timeout)
+        self.device = device
+        self.load_timeout = load_timeout or max(30.0, timeout)
+        self._workspace = pool.Workspace("threads")
+        self._worker: pool.WorkerProcess | None = None
+        self.retired_pids: list[int] = []
+
+    @property
+    def pids(self) -> list[int]:
+        return [self._worker.pid] if self._worker is not None else []
+
+    def _start(self) -> pool.WorkerProcess:
+        if self._worker is None:
+            worker = pool.WorkerProcess(self._workspace, "threads",
+                                        {"mode": "threads", "device": self.device})
+            self._worker = worker
+            self._expect(worker, STARTUP_TIMEOUT, "ready")
+            for source, function in self._targets:  # a fresh worker after a broken one
+                worker.send(base.load_message(source, function, MAX_RANKS))
+                self._expect(worker, self.load_timeout, "loaded")
+        return self._worker
+
+    def _expect(self, worker, seconds: float, what: str) -> dict:
+        import time
+        try:
+            message = worker.reader.recv(time.monotonic() + seconds)
+        except pool.wire.ChannelClosed:
+            reason = worker.exit_reason()
+            tail = worker.output_tail().strip().splitlines()
+            self._retire()
+            raise LoadError(f"the worker process ended ({reason}) before it was {what}"
+                            + (f": {tail[-1][:200]}" if tail else "")) from None
+        if message is None:
+            self._retire()
+            raise LoadError(f"the worker was not {what} within {seconds:g} s")
+        return message[0]
+
+    def _load(self, source: str, function: str | None) -> TargetInfo:
+        worker = self._start()
+        if not worker.send(base.load_message(source, function, MAX_RANKS)):
+            self._retire()
+            raise LoadError(f"{source}: the worker process is gone")
+        try:
+            return base.target_info(source, function, self._expect(worker, self.load_timeout, "loaded"))
+        except LoadError:
+            self._retire()  # a target that failed to load may have left anything behind
+            raise
+
+    def run(self, prepared, target: TargetInfo) -> list[RankResult]:
+        return next(self.run_many([prepared], target))
+
+    def run_many(self, prepareds, target: TargetInfo, depth: int = 2):
+        in_flight: deque = deque()
+        cases = iter(prepareds)
+        while True:
+            while len(in_flight) < depth:
+                prepared = next(cases, None)
+                if prepared is None:
+                    break
+                self._send(prepared, target)
+                in_flight.append(prepared)
+            if not in_flight:
+                return
+            prepared = in_flight.popleft()
+            outcome = pool.wait_results([self._worker], self.timeout, GRACE)[0]
+            if outcome[0] == "result":
+                yield [base.decode_rank(result, outcome[2]) for result in outcome[1]["ranks"]]
+                continue
+            yield self._lost(self._worker, outcome, prepared.size)
+            for later in in_flight:  # lost with the worker: again, on a fresh one
+                self._send(later, target)
+
+    def _send(self, prepared, target: TargetInfo) -> None:
+        worker = self._start()
+        header, blobs = base.case_message(prepared, target, range(prepared.size))
+        worker.send(header, blobs)  # a dead worker shows as such when its result is awaited
+
+    def _lost(self, worker, outcome, size: int) -> list[RankResult]:
+        """The worker hung or died mid-case: every rank gets a reason, blame on the running one."""
+        running, _, _, states = worker.status()
+        output = worker.output_tail()
+        self._retire()
+        if outcome[0] == "hung":
+            culprit, what = outcome[1], f"did not return within {self.timeout:g} s"
+        else:
+            last = output.strip().splitlines()[-1][:200] if output.strip() else ""
+            culprit, what = running, f"died ({outcome[1]}) before returning"
+            what += f"; stderr: {last}" if last else ""
+        if culprit < 0:
+            return [base.lost_rank(f"the worker process hosting every rank ended ({outcome[1]}) "
+                                   "outside any rank's call", output) for _ in range(size)]
+        results = []
+        for rank in range(size):
+            if rank == culprit:
+                reason = f"rank {rank} {what}"
+            elif states[rank] == WAITING:
+                reason = f"all_gather on rank {rank} never completed: rank {culprit} {what}"
+            elif states[rank] == NOT_STARTED:
+                reason = f"rank {rank} never ran: rank {culprit} {what} first"
+            else:  # FINISHED: its report went down with the worker
+                reason = f"rank {rank}'s result was lost: rank {culprit} {what}"
+            results.append(base.lost_rank(reason, output if rank == culprit else ""))
+        return results
+
+    def _retire(self) -> None:
+        if self._worker is not None:
+            self._worker.kill()
+            self.retired_pids.append(self._worker.pid)
+            self._worker = None
+
+    def close(self) -> None:
+        self._retire()
+        self._workspace.remove()

@@ -1,0 +1,190 @@
+"""Under torchrun: `torchrun --standalone --nproc-per-node P -m pcpcheck.backends.torchrun
+[pcpcheck check arguments]`.
+
+Every torchrun process is a supervisor that never imports the target: it starts one worker
+(pcpcheck.backends.worker) that joins torchrun's process group (env://) as its rank. The
+supervisors talk through torchrun's own store (keys under `pcpcheck/`): rank 0's supervisor is
+the driver (search, judging, report); for message n it stores each rank's part under
+`pcpcheck/in/n/r`, every supervisor hands its part to its worker and stores the reply (or why
+none came: a hung or dead rank) under `pcpcheck/out/n/r`. A rank that hangs or dies breaks
+torchrun's group for good (it cannot be rebuilt): that case gets its verdict and every later
+case the same one. At the end the driver stores the exit code; every supervisor stops its worker
+and exits quietly with that code (os._exit: no torch traceback, no ChildFailedError for a
+violation); only rank 0 prints.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+
+from pcpcheck.backends import base, pool, wire
+from pcpcheck.backends.base import GRACE, STARTUP_TIMEOUT, Backend, RankResult, TargetInfo
+
+_FOREVER = datetime.timedelta(days=1)
+
+
+def _store():
+    import torch.distributed as dist
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                         datetime.timedelta(seconds=STARTUP_TIMEOUT))
+
+
+def _start_worker(workspace, backend: str, timeout: float) -> pool.WorkerProcess:
+    local = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
+    worker = pool.WorkerProcess(workspace, "torchrun", {
+        "mode": backend, "timeout": timeout, "startup_timeout": STARTUP_TIMEOUT,
+        "device": f"cuda:{local}" if backend == "nccl" else "cpu"})
+    message = worker.reader.recv(time.monotonic() + STARTUP_TIMEOUT)
+    if message is None or message[0].get("op") != "ready":
+        raise base.WorkerError(f"rank {os.environ.get('RANK')}: the worker did not join the "
+                               f"{backend} group: {worker.output_tail().strip()[-200:]}")
+    return worker
+
+
+def _exchange(worker: pool.WorkerProcess, data: bytes, timeout: float) -> bytes:
+    """Hand one message to this rank's worker; its reply, or a `lost` message saying why not."""
+    header, blobs = wire.unpack(data)
+    worker.send(header, blobs)
+    seconds = timeout if header.get("op") == "case" else STARTUP_TIMEOUT
+    outcome = pool.wait_results([worker], seconds, GRACE)[0]
+    if outcome[0] == "result":
+        return wire.pack(outcome[1], outcome[2])
+    rank = int(os.environ.get("RANK", "0"))
+    reason = {"died": f"rank {rank} died ({outcome[1]}) before returning",
+              "hung": f"rank {rank} did not return within {timeout:g} s"}.get(
+        outcome[0], f"rank {rank} did not return within {timeout:g} s")
+    return wire.pack({"op": "lost", "reason": reason, "output": worker.output_tail()})
+
+
+class TorchrunBackend(Backend):
+    """Rank 0's backend: this rank through its own worker, the others through the store."""
+
+    name = "torchrun"
+
+    def __init__(self, store, worker, size: int, timeout: float):
+        super().__init__(timeout)
+        self.store, self.worker, self.size = store, worker, size
+        self._count = 0
+        self.broken: list[RankResult] | None = None
+
+    def _round(self, parts: list[bytes], seconds: float) -> list[tuple]:
+        """Message n to every rank (rank 0 here); every rank's reply, in rank order."""
+        n, self._count = self._count, self._count + 1
+        for rank in range(1, self.size):
+            self.store.set(f"pcpcheck/in/{n}/{rank}", parts[rank])
+        replies = [wire.unpack(_exchange(self.worker, parts[0], seconds))]
+        deadline = time.monotonic() + seconds + 2 * GRACE
+        for rank in range(1, self.size):
+            key = f"pcpcheck/out/{n}/{rank}"
+            while not self.store.check([key]) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            if self.store.check([key]):
+                replies.append(wire.unpack(self.store.get(key)))
+            else:
+                replies.append(({"op": "lost", "reason": f"rank {rank} never reported within "
+                                 f"{seconds:g} s", "output": ""}, []))
+        return replies
+
+    def _load(self, source: str, function: str | None) -> TargetInfo:
+        part = wire.pack(base.load_message(source, function, 1))
+        replies = self._round([part] * self.size, STARTUP_TIMEOUT)
+        infos = [base.target_info(source, function, header) for header, _ in replies]
+        return infos[0]
+
+    def run(self, prepared, target: TargetInfo) -> list[RankResult]:
+        if prepared.size != self.size:
+            raise base.WorkerError(f"case has P={prepared.size}; torchrun started {self.size} ranks")
+        if self.broken is not None:
+            return self.broken
+        parts = [wire.pack(*base.case_message(prepared, target, [rank])) for rank in range(self.size)]
+        results = []
+        for header, blobs in self._round(parts, self.timeout):
+            if header.get("op") == "result":
+                results.append(base.decode_rank(header["ranks"][0], blobs))
+            else:
+                results.append(base.lost_rank(str(header.get("reason")), str(header.get("output", ""))))
+        if any(header_lost for header_lost in (r.inputs_after is None for r in results)):
+            self.broken = results  # torchrun's group cannot be rebuilt
+        return results
+
+    def finish(self, code: int) -> None:
+        """The final broadcast: every supervisor exits with `code`."""
+        n = self._count
+        for rank in range(1, self.size):
+            self.store.set(f"pcpcheck/in/{n}/{rank}", b"exit %d" % code)
+
+
+def _serve(store, worker, rank: int, timeout: float) -> int:
+    """Ranks 1..P-1: hand every message to the worker until the driver sends the exit code."""
+    broken: bytes | None = None
+    for n in range(1 << 62):
+        key = f"pcpcheck/in/{n}/{rank}"
+        store.wait([key], _FOREVER)
+        data = store.get(key)
+        if data.startswith(b"exit "):
+            return int(data[5:])
+        if broken is None:
+            reply = _exchange(worker, data, timeout)
+            if wire.unpack(reply)[0].get("op") == "lost":
+                broken = reply
+        store.set(f"pcpcheck/out/{n}/{rank}", broken or reply)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+    from pcpcheck import cli
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "check":
+        argv = argv[1:]
+    rank = int(os.environ.get("RANK", "0"))
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    code = cli.EXIT_USAGE
+    try:
+        args = cli.parse(["check", *argv])
+    except cli.UsageError as exc:
+        if rank == 0:
+            print(f"pcpcheck: usage error: {exc}", file=sys.stderr)
+        _exit(code)
+    backend = args.backend if args.backend in ("gloo", "nccl") else \
+        ("nccl" if torch.cuda.is_available() else "gloo")
+    workspace = pool.Workspace("torchrun")
+    store = _store()
+    worker = None
+    runner = None
+    try:
+        worker = _start_worker(workspace, backend, args.timeout)
+        if rank != 0:
+            code = _serve(store, worker, rank, args.timeout)
+        else:
+            runner = TorchrunBackend(store, worker, size, args.timeout)
+            if args.world_sizes and tuple(args.world_sizes) != (size,):
+                raise cli.UsageError(f"--world-sizes {','.join(map(str, args.world_sizes))} but "
+                                     f"torchrun started {size} ranks")
+            args.world_sizes = (size,)
+            print(f"pcpcheck: torchrun, {size} ranks, {backend}")
+            code = cli.run_check(args, runner)
+    except (cli.UsageError, cli.LoadError, cli.CheckerError, base.WorkerError) as exc:
+        print(f"pcpcheck: {exc}", file=sys.stderr)
+        code = cli.EXIT_USAGE
+    finally:
+        if runner is not None:
+            runner.finish(code)
+        if worker is not None:
+            worker.kill()
+        workspace.remove()
+        _exit(code)
+    return code
+
+
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,309 @@
+"""Where a rank runs: the worker process, the only process that imports and calls the target.
+
+    python -m pcpcheck.backends.worker CONFIG_JSON
+
+A worker hosts either every rank of a world as greenlets (`threads`: pcpcheck.runner schedules
+them) or one rank of a torch.distributed group (`gloo`, `nccl`, `torchrun`). It loads its own
+instance of the target per rank it hosts (the file executed once per rank, under distinct module
+names: module globals are never shared between ranks), builds each rank's inputs from the bytes
+the driver sent, calls the target, and sends back plain data (pcpcheck.backends.wire): errors,
+collective traces, what each rank printed, and the raw bytes of the returned and input tensors.
+It never judges. The driver decodes, judges, and stops a worker whose rank runs out of time:
+the worker publishes which rank runs, and for how long, in a small shared status file.
+
+File descriptors 1 and 2 go to a capture file: what a rank prints, even at the fd level, is
+attributed to the rank that was running and reported with it, truncated.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import signal
+import struct
+import sys
+import time
+
+import torch
+
+from pcpcheck.backends import wire
+from pcpcheck.runner import FINISHED, RUNNING, WAITING, CollectiveAborted, RankOutcome, ThreadRunner
+
+MAX_OUTPUT = 4000  # bytes of a rank's printing kept per case
+MAX_RANKS = 8
+STATUS = struct.Struct(f"<qd{MAX_RANKS}d{MAX_RANKS}b")  # running rank, since, seconds/rank, states
+
+
+class Status:
+    """The shared status file: which rank runs since when, each rank's time so far, its state.
+    Written here at every switch, read by the driver (pcpcheck.backends.pool.Worker.status)."""
+
+    def __init__(self, path: str):
+        fd = os.open(path, os.O_RDWR)
+        self._map = mmap.mmap(fd, STATUS.size)
+        os.close(fd)
+        self._running, self._since = -1, 0.0
+        self._seconds = [0.0] * MAX_RANKS
+        self._states = [0] * MAX_RANKS
+
+    def begin(self) -> None:
+        self._running, self._since = -1, time.monotonic()
+        self._seconds = [0.0] * MAX_RANKS
+        self._states = [0] * MAX_RANKS
+        self._write()
+
+    def switch(self, rank: int, state: int) -> None:
+        now = time.monotonic()
+        if self._running >= 0:
+            self._seconds[self._running] += now - self._since
+        self._running = rank if state == RUNNING else -1
+        self._since = now
+        self._states[rank] = state
+        self._write()
+
+    def _write(self) -> None:
+        STATUS.pack_into(self._map, 0, self._running, self._since, *self._seconds, *self._states)
+
+
+class Capture:
+    """fd 1 and 2 of this process, in a file: byte ranges of it are attributed to ranks."""
+
+    def __init__(self, path: str):
+        self._write_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._read_fd = os.open(path, os.O_RDONLY)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(self._write_fd, 1)
+        os.dup2(self._write_fd, 2)
+
+    def mark(self) -> int:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a target may close or replace the streams
+                pass
+        return os.fstat(self._read_fd).st_size
+
+    def reset(self) -> None:
+        self.mark()
+        os.ftruncate(self._write_fd, 0)
+
+    def text(self, ranges) -> str:
+        chunks, left = [], MAX_OUTPUT
+        for start, end in ranges:
+            if left <= 0:
+                break
+            chunk = os.pread(self._read_fd, min(end - start, left), start)
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks).decode("utf-8", "replace")
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: the kernel kills this worker when the driver dies, even by SIGKILL."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - not Linux: the closed pipe still ends an idle worker
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _inputs(header: dict, blobs: list, slot: int, device):
+    """One rank's (tensors, slot_mapping, nd), fresh tensors built from the driver's bytes."""
+    count = len(header["tensors"])
+    base = slot * (count + 1)
+    tensors = []
+    for k, (dtype, trailing) in enumerate(header["tensors"]):
+        content = blobs[base + k]
+        rows = len(content) // max(1, _row_bytes(dtype, trailing))
+        tensor = wire.tensor_from_bytes(dtype, [rows, *trailing], content)
+        tensors.append(tensor.to(device) if device.type != "cpu" else tensor)
+    slots = wire.tensor_from_bytes("int64", [len(blobs[base + count]) // 8], blobs[base + count])
+    if device.type != "cpu":
+        slots = slots.to(device)
+    return tuple(tensors), slots, header["nds"][slot]
+
+
+def _row_bytes(dtype: str, trailing) -> int:
+    size = wire._dtype_by_name(dtype)[1]
+    for n in trailing:
+        size *= n
+    return size
+
+
+def _trace_entry(entry) -> list:
+    return [item if isinstance(item, (int, str)) else list(item) if isinstance(item, tuple)
+            else repr(item) for item in entry]
+
+
+def encode_rank(rank: int, outcome: RankOutcome, inputs, output: str, blobs: list) -> dict:
+    """One rank's result as plain data (tensors' bytes appended to blobs)."""
+    result = {"rank": rank, "error": outcome.error, "error_detail": outcome.error_detail,
+              "trace": [_trace_entry(e) for e in outcome.trace], "output": output, "value": None}
+    if outcome.error is None:
+        try:
+            result["value"] = wire.encode_value(outcome.value, blobs)
+        except Exception as exc:  # noqa: BLE001 - sparse, meta, a storage that cannot be read
+            result["error"] = f"returned tensors pcpcheck cannot read: {type(exc).__name__}: {exc}"[:300]
+    after = []
+    for tensor in (*inputs[0], inputs[1]):
+        blobs.append(wire.tensor_bytes(tensor)[2])
+        after.append(len(blobs) - 1)
+    result["inputs_after"] = after
+    return result
+
+
+class Worker:
+    def __init__(self, config: dict):
+        self.config = config
+        self.reader = wire.Reader(config["in"])
+        self.out = config["out"]
+        self.device = torch.device(config.get("device", "cpu"))
+        self.status = Status(config["status"])
+        self.capture = Capture(config["capture"])
+        self.targets: dict[tuple, list] = {}
+        self.threads = ThreadRunner()
+        self.adapter = None
+
+    # --- loading ----------------------------------------------------------------------------
+    def load(self, header: dict) -> None:
+        from pcpcheck.loader import LoadError, load_target
+        key = (header["source"], header["function"])
+        try:
+            copies = [load_target(header["source"], header["function"] or None)
+                      for _ in range(header["copies"])]
+        except LoadError as exc:
+            wire.send(self.out, {"op": "load_error", "message": str(exc)})
+            return
+        except BaseException as exc:  # noqa: BLE001
+            wire.send(self.out, {"op": "load_error",
+                                 "message": f"{header['source']}: loading failed: {type(exc).__name__}: {exc}"[:300]})
+            return
+        self.targets[key] = copies
+        first = copies[0]
+        wire.send(self.out, {"op": "loaded", "name": first.name, "stand_ins": list(first.stand_ins),
+                             "accepts_shard": first.accepts_shard, "accepts_group": first.accepts_group,
+                             "source": first.source, "function_name": first.function_name})
+
+    # --- cases ------------------------------------------------------------------------------
+    def case(self, header: dict, blobs: list) -> None:
+        targets = self.targets[(header["source"], header["function"])]
+        self.capture.reset()
+        self.status.begin()
+        if self.adapter is None:
+            results, out_blobs = self._threads_case(header, blobs, targets)
+        else:
+            results, out_blobs = self._rank_case(header, blobs, targets[0])
+        wire.send(self.out, {"op": "result", "ranks": results}, out_blobs)
+
+    def _threads_case(self, header, blobs, targets):
+        from pcpcheck.rankctx import current_group
+        size, shard = header["size"], header["shard"]
+        inputs = [_inputs(header, blobs, rank, self.device) for rank in range(size)]
+        ranges = [[] for _ in range(size)]
+        began = [0]
+
+        def on_switch(rank: int, state: int) -> None:
+            position = self.capture.mark()
+            if state == RUNNING:
+                began[0] = position
+            elif position > began[0]:
+                ranges[rank].append((began[0], position))
+            self.status.switch(rank, state)
+
+        def call(rank: int):
+            tensors, slots, nd = inputs[rank]
+            return targets[rank].call(tensors, slots, nd, shard, group=current_group())
+
+        outcomes = self.threads.run(size, call, on_switch)
+        out_blobs: list = []
+        results = [encode_rank(rank, outcomes[rank], inputs[rank], self.capture.text(ranges[rank]),
+                               out_blobs) for rank in range(size)]
+        return results, out_blobs
+
+    def _rank_case(self, header, blobs, target):
+        from pcpcheck.backends.process_group import CheckedGroup
+        rank = self.adapter.rank_in_group
+        inputs = _inputs(header, blobs, 0, self.device)
+        outcome = RankOutcome()
+
+        def on_wait(waiting: bool) -> None:
+            self.status.switch(rank, WAITING if waiting else RUNNING)
+
+        group = CheckedGroup(self.adapter, self.device, outcome.trace, on_wait)
+        self.status.switch(rank, RUNNING)
+        try:
+            outcome.value = target.call(inputs[0], inputs[1], inputs[2], header["shard"], group=group)
+        except CollectiveAborted:
+            pass  # recorded in the trace
+        except BaseException as exc:  # noqa: BLE001 - a target may raise anything, even SystemExit
+            outcome.record_error(exc)
+        self.status.switch(rank, WAITING)
+        group.finish()
+        self.status.switch(rank, FINISHED)
+        end = self.capture.mark()
+        out_blobs: list = []
+        result = encode_rank(rank, outcome, inputs, self.capture.text([(0, end)]), out_blobs)
+        result["poisoned"] = group.poisoned
+        return [result], out_blobs
+
+    # --- process group ----------------------------------------------------------------------
+    def join_group(self) -> None:
+        import datetime
+        import torch.distributed as dist
+        from pcpcheck.backends.process_group import GroupAdapter
+        config = self.config
+        backend = config["mode"]
+        startup = datetime.timedelta(seconds=config["startup_timeout"])
+        if backend == "nccl":
+            torch.cuda.set_device(self.device)
+        kwargs = {"device_id": self.device} if backend == "nccl" else {}
+        if "port" in config:
+            store = dist.TCPStore("127.0.0.1", config["port"], None, False, startup)
+            dist.init_process_group(backend, store=store, rank=config["rank"],
+                                    world_size=config["size"], timeout=startup, **kwargs)
+        else:  # torchrun: env://
+            dist.init_process_group(backend, timeout=startup, **kwargs)
+        try:
+            from torch.distributed.distributed_c10d import _set_pg_timeout
+            _set_pg_timeout(datetime.timedelta(seconds=config["timeout"]))
+        except Exception:  # noqa: BLE001 - older torch: the startup timeout stays
+            pass
+        self.adapter = GroupAdapter(dist.group.WORLD, backend)
+
+    def serve(self) -> None:
+        if self.config["mode"] != "threads":
+            self.join_group()
+        wire.send(self.out, {"op": "ready", "pid": os.getpid()})
+        while True:
+            try:
+                header, blobs = self.reader.recv()
+            except wire.ChannelClosed:
+                break
+            if header["op"] == "load":
+                self.load(header)
+            elif header["op"] == "case":
+                self.case(header, blobs)
+            else:
+                break
+        os._exit(0)  # no interpreter teardown: a target's atexit handlers and threads do not run
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    _die_with_parent(config["parent"])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; it stops us
+    try:
+        Worker(config).serve()
+    except BaseException as exc:  # noqa: BLE001 - pcpcheck's own failure (or a target's doing)
+        try:
+            wire.send(config["out"], {"op": "fail", "message": f"{type(exc).__name__}: {exc}"[:500]})
+        finally:
+            os._exit(3)
+
+
+if __name__ == "__main__":
+    main()
