@@ -14,10 +14,11 @@ import argparse
 import json
 import os
 import sys
+from collections import Counter
 
 from pcpcheck import report
 from pcpcheck.cases import Case
-from pcpcheck.engine import CheckerError, search
+from pcpcheck.engine import CheckerError, RegimeResult, search
 from pcpcheck.loader import LoadError, load_target
 from pcpcheck.procs import DeviceThreadRunner, ProcessRunner, WorkerError
 from pcpcheck.runner import ThreadRunner
@@ -109,6 +110,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout}")
     args.regimes = tuple(dict.fromkeys(args.regime)) if args.regime else REGIMES
+    if getattr(args, "replay", None):  # a malformed case is a usage error before anything starts
+        args.replay = replay_case(args.replay)
     if getattr(args, "backend", "threads") != "threads":
         _check_process_backend(args)
     return args
@@ -224,16 +227,28 @@ def _check(args, target, runner) -> int:
 
 
 def _replay(args, target, runner) -> int:
-    try:
-        case = Case.from_json(args.replay)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"--replay is not a case printed by pcpcheck: {exc}") from None
+    case = args.replay  # parsed and validated by `parse`
     observation = runner.observe_case(case, target)
+    regime = case.batch.regime
+    if args.json:
+        result = RegimeResult(regime, cases=1, checked=Counter(observation.checked),
+                              violated=Counter(v.invariant for v in observation.violations))
+        result.counterexamples = [observation] if observation.violations else []
+        _write_json(args.json, target, [result], [(regime, o) for o in result.counterexamples],
+                    args.function, [])
     if not observation.violations:
         print(f"  replayed case holds: every invariant of {', '.join(observation.checked)}")
         return EXIT_HOLDS
-    print(report.counterexample(observation, case.batch.regime, target.source, args.function))
+    print(report.counterexample(observation, regime, target.source, args.function))
     return EXIT_VIOLATION
+
+
+def replay_case(text: str) -> Case:
+    """The case of `--replay`: a usage error (one line) unless it is well formed."""
+    try:
+        return Case.from_json(text)
+    except ValueError as exc:
+        raise UsageError(f"--replay is not a well-formed case: {exc}") from None
 
 
 def _write_repros(args, target, counterexamples) -> list[str]:
