@@ -214,10 +214,10 @@ def _check(args, target, runner) -> int:
               f"{'VIOLATED' if result.counterexamples else 'holds'}", flush=True)
     print()
     print("\n".join(report.verdict_table(results)))
-    counterexamples = [(r.regime, o) for r in results for o in r.counterexamples]
-    for index, (regime, observation) in enumerate(counterexamples, 1):
+    counterexamples = [(r.regime, o, p) for r in results for o, p in zip(r.counterexamples, r.replays)]
+    for index, (regime, observation, replays) in enumerate(counterexamples, 1):
         print(f"\nCounterexample {index}: "
-              + report.counterexample(observation, regime, target.source, args.function))
+              + report.counterexample(observation, regime, target.source, args.function, replays))
     written = _write_repros(args, target, counterexamples) if counterexamples else []
     print(f"\nall regimes: {report.rates(*results)}: "
           + (f"{len(counterexamples)} violation(s)" if counterexamples else "every invariant holds"))
@@ -234,7 +234,7 @@ def _replay(args, target, runner) -> int:
         result = RegimeResult(regime, cases=1, checked=Counter(observation.checked),
                               violated=Counter(v.invariant for v in observation.violations))
         result.counterexamples = [observation] if observation.violations else []
-        _write_json(args.json, target, [result], [(regime, o) for o in result.counterexamples],
+        _write_json(args.json, target, [result], [(regime, o, None) for o in result.counterexamples],
                     args.function, [])
     if not observation.violations:
         print(f"  replayed case holds: every invariant of {', '.join(observation.checked)}")
@@ -256,7 +256,7 @@ def _write_repros(args, target, counterexamples) -> list[str]:
         return []
     from pcpcheck.repro import write_reproducer
     return [write_reproducer(args.repro_dir, target, regime, observation, args.function)
-            for regime, observation in counterexamples]
+            for regime, observation, _ in counterexamples]
 
 
 def _write_json(path, target, results, counterexamples, function, repros) -> None:
@@ -277,8 +277,10 @@ def _write_json(path, target, results, counterexamples, function, repros) -> Non
             "regime": regime,
             "case": json.loads(o.prepared.case.to_json()),
             "replay": report.replay_command(target.source, o, function),
-            "report": report.counterexample(o, regime, target.source, function),
-        } for regime, o in counterexamples],
+            "flaky": ({"replays": p.runs, "reproduced": p.reproduced}
+                      if p is not None and p.flaky else None),
+            "report": report.counterexample(o, regime, target.source, function, p),
+        } for regime, o, p in counterexamples],
         "reproducers": repros,
     }
     with open(path, "w") as handle:
