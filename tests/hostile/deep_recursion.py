@@ -1,5 +1,6 @@
 """Hostile target: the bundled, correct gather, except that rank 1 recurses without end with the
-recursion limit lifted, so its interpreter overflows the C stack and aborts (a crash, no exception).
+recursion limit lifted, through a C call at every level, so its interpreter overflows the C stack
+within a fraction of a second and dies (SIGSEGV: a crash, no exception, little memory).
 
 A rank that dies gets COLLECTIVE naming rank 1, exit code 1: the checker itself never crashes.
 """
@@ -11,7 +12,7 @@ from vllm.distributed.parallel_state import get_pcp_group
 
 
 def _descend(depth):
-    return _descend(depth + 1) + 1
+    return list(map(_descend, [depth + 1]))  # through C (map): every level takes C stack
 
 
 def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
