@@ -7,7 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given
 
+from pcpcheck.cases import Case, cases
 from pcpcheck.cli import main
 
 
@@ -134,3 +136,9 @@ def test_replay_writes_the_json_verdict(tmp_path, capsys):
     assert (code, verdict["verdict"]) == (1, "violated")
     assert verdict["counterexamples"][0]["case"] == json.loads(CASE)
     assert verdict["counterexamples"][0]["invariant"] == "REPLICA"
+
+
+@given(case=cases())
+def test_every_drawn_case_is_well_formed_and_round_trips(case):
+    """Validation rejects nothing the search draws (processes read every case through it)."""
+    assert Case.from_json(case.to_json()) == case
