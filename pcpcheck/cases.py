@@ -18,6 +18,7 @@ import torch
 from hypothesis import strategies as st
 
 import reference
+from spec import model
 from spec.names import DCP, DRAFT_MIXED, DRAFT_REGIMES, REGIMES, Batch, Request
 
 DTYPES = {
@@ -62,13 +63,115 @@ class Case:
 
     @staticmethod
     def from_json(text: str) -> "Case":
-        data = json.loads(text)
-        batch = dict(data["batch"])
-        batch["requests"] = tuple(
-            Request(r["num_tokens"], r["prefilling"], r["context_len"], tuple(r["blocks"]))
-            for r in batch["requests"])
-        tensors = tuple(TensorSpec(tuple(t["trailing"]), t["dtype"]) for t in data["tensors"])
-        return Case(Batch(**batch), tensors)
+        """The case a JSON text describes; ValueError (one line naming the field) for malformed
+        JSON or a case outside the spec's preconditions (`validate_case`)."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not JSON: {exc}") from None
+        data = _fields(data, "case", ("batch", "tensors"), ())
+        batch = _fields(data["batch"], "batch", ("regime", "pcp_size", "requests"), _BATCH_OPTIONAL)
+        requests = []
+        for i, request in enumerate(_list(batch["requests"], "requests")):
+            request = _fields(request, f"request {i}", _REQUEST_FIELDS, ())
+            request["blocks"] = tuple(_list(request["blocks"], f"request {i}: blocks"))
+            requests.append(Request(**request))
+        batch["requests"] = tuple(requests)
+        tensors = []
+        for k, tensor in enumerate(_list(data["tensors"], "tensors")):
+            tensor = _fields(tensor, f"tensor {k}", ("trailing", "dtype"), ())
+            tensors.append(TensorSpec(tuple(_list(tensor["trailing"], f"tensor {k}: trailing")),
+                                      tensor["dtype"]))
+        case = Case(Batch(**batch), tuple(tensors))
+        validate_case(case)
+        return case
+
+
+# --- validation: the spec's preconditions on a case given from outside (--replay) ------------
+_REQUEST_FIELDS = ("num_tokens", "prefilling", "context_len", "blocks")
+_BATCH_OPTIONAL = ("block_size", "interleave", "graph_size", "dp_pad", "pad_slot_map",
+                   "num_decode_tokens")
+MAX_TENSORS = 8
+MAX_ROW_BYTES = 1 << 16
+
+
+def _list(value, name: str) -> list:
+    if not isinstance(value, list):
+        raise ValueError(f"{name} must be a list, got {value!r}")
+    return value
+
+
+def _fields(data, name: str, required, optional) -> dict:
+    """The fields of a JSON object, every required one present and no unknown one."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{name} must be an object, got {data!r}")
+    missing = [f for f in required if f not in data]
+    unknown = sorted(set(data) - set(required) - set(optional))
+    if missing or unknown:
+        raise ValueError(f"{name}: " + ("missing " + ", ".join(missing) if missing
+                                        else "unknown field " + ", ".join(unknown)))
+    return dict(data)
+
+
+def _whole(value, name: str, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low \
+            or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise ValueError(f"{name} must be a whole number {bound}, got {value!r}")
+
+
+def validate_case(case: Case) -> None:
+    """Raise ValueError (one line) unless `case` is well formed: what `cases` draws by
+    construction (SPEC.md, WF_SLOTS, WF_LAYOUT, WF_WIDTH), for a case given from outside."""
+    batch = case.batch
+    if batch.regime not in REGIMES:
+        raise ValueError(f"unknown regime {batch.regime!r} (one of {', '.join(REGIMES)})")
+    _whole(batch.pcp_size, "pcp_size", 2, 8)
+    _whole(batch.block_size, "block_size", 1)
+    _whole(batch.interleave, "interleave", 1)
+    _whole(batch.graph_size, "graph_size", 0)
+    _whole(batch.dp_pad, "dp_pad", 0)
+    if not isinstance(batch.pad_slot_map, bool):
+        raise ValueError(f"pad_slot_map must be true or false, got {batch.pad_slot_map!r}")
+    if batch.regime != DCP and batch.interleave != 1:
+        raise ValueError(f"interleave {batch.interleave} applies to the dcp regime only")
+    if batch.regime not in DRAFT_REGIMES and (batch.dp_pad or batch.pad_slot_map):
+        raise ValueError("dp_pad and pad_slot_map apply to the draft regimes only")
+    seen: dict[int, int] = {}
+    for index, request in enumerate(batch.requests):
+        _whole(request.num_tokens, f"request {index}: num_tokens", 0)
+        _whole(request.context_len, f"request {index}: context_len", 0)
+        if not isinstance(request.prefilling, bool):
+            raise ValueError(f"request {index}: prefilling must be true or false")
+        for block in request.blocks:
+            _whole(block, f"request {index}: block", 0)
+            if block in seen:  # WF_SLOTS: two tokens would share a slot
+                raise ValueError(f"WF_SLOTS: block {block} is in request {seen[block]} and in "
+                                 f"request {index} (a block belongs to one request)")
+            seen[block] = index
+    real = sum(r.num_tokens for r in batch.requests)
+    if batch.regime == DRAFT_MIXED:
+        if not isinstance(batch.num_decode_tokens, int) or isinstance(batch.num_decode_tokens, bool) \
+                or not 0 <= batch.num_decode_tokens < real:
+            raise ValueError(f"WF_LAYOUT: draft-mixed needs num_decode_tokens between 0 and "
+                             f"{real - 1} (the real rows, less one), got {batch.num_decode_tokens!r}")
+    elif batch.num_decode_tokens is not None:
+        raise ValueError(f"num_decode_tokens is given by the layout in {batch.regime}; got "
+                         f"{batch.num_decode_tokens!r}, expected null")
+    if not 1 <= len(case.tensors) <= MAX_TENSORS:
+        raise ValueError(f"tensors must hold 1 to {MAX_TENSORS} tensors, got {len(case.tensors)}")
+    for k, spec in enumerate(case.tensors):
+        if not isinstance(spec.dtype, str) or spec.dtype not in DTYPES:
+            raise ValueError(f"tensor {k}: unknown dtype {spec.dtype!r} (one of {', '.join(DTYPES)})")
+        for size in spec.trailing:
+            _whole(size, f"tensor {k}: trailing size", 1)
+        if not 4 <= spec.row_bytes <= MAX_ROW_BYTES:
+            raise ValueError(f"tensor {k}: a row of {spec.row_bytes} bytes; a row carries its "
+                             f"label in 4 bytes, at most {MAX_ROW_BYTES}")
+    try:
+        model.layout(batch)  # WF_SLOTS (a block for every position), WF_LAYOUT, WF_WIDTH
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def row_content(labels: np.ndarray, tensor_index: int, row_bytes: int) -> np.ndarray:

@@ -14,11 +14,12 @@ import argparse
 import json
 import os
 import sys
+from collections import Counter
 
 from pcpcheck import report
 from pcpcheck.cases import Case
 from pcpcheck.check import run_case
-from pcpcheck.engine import CheckerError, search
+from pcpcheck.engine import CheckerError, RegimeResult, search
 from pcpcheck.backends import make_backend
 from pcpcheck.backends.base import WorkerError
 from pcpcheck.loader import LoadError
@@ -110,6 +111,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if not 0 < args.timeout < float("inf"):  # nan fails both comparisons
         raise UsageError(f"--timeout must be positive and finite (seconds), got {args.timeout}")
     args.regimes = tuple(dict.fromkeys(args.regime)) if args.regime else REGIMES
+    if getattr(args, "replay", None):  # a malformed case is a usage error before anything starts
+        args.replay = replay_case(args.replay)
     if getattr(args, "backend", "threads") != "threads":
         _check_process_backend(args)
     return args
@@ -203,10 +206,10 @@ def _check(args, target, runner) -> int:
               f"{'VIOLATED' if result.counterexamples else 'holds'}", flush=True)
     print()
     print("\n".join(report.verdict_table(results)))
-    counterexamples = [(r.regime, o) for r in results for o in r.counterexamples]
-    for index, (regime, observation) in enumerate(counterexamples, 1):
+    counterexamples = [(r.regime, o, p) for r in results for o, p in zip(r.counterexamples, r.replays)]
+    for index, (regime, observation, replays) in enumerate(counterexamples, 1):
         print(f"\nCounterexample {index}: "
-              + report.counterexample(observation, regime, target.source, args.function))
+              + report.counterexample(observation, regime, target.source, args.function, replays))
     written = _write_repros(args, target, counterexamples) if counterexamples else []
     print(f"\nall regimes: {report.rates(*results)}: "
           + (f"{len(counterexamples)} violation(s)" if counterexamples else "every invariant holds"))
@@ -216,16 +219,28 @@ def _check(args, target, runner) -> int:
 
 
 def _replay(args, target, runner) -> int:
-    try:
-        case = Case.from_json(args.replay)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"--replay is not a case printed by pcpcheck: {exc}") from None
+    case = args.replay  # parsed and validated by `parse`
     observation = run_case(case, target, runner)
+    regime = case.batch.regime
+    if args.json:
+        result = RegimeResult(regime, cases=1, checked=Counter(observation.checked),
+                              violated=Counter(v.invariant for v in observation.violations))
+        result.counterexamples = [observation] if observation.violations else []
+        _write_json(args.json, target, [result], [(regime, o, None) for o in result.counterexamples],
+                    args.function, [])
     if not observation.violations:
         print(f"  replayed case holds: every invariant of {', '.join(observation.checked)}")
         return EXIT_HOLDS
-    print(report.counterexample(observation, case.batch.regime, target.source, args.function))
+    print(report.counterexample(observation, regime, target.source, args.function))
     return EXIT_VIOLATION
+
+
+def replay_case(text: str) -> Case:
+    """The case of `--replay`: a usage error (one line) unless it is well formed."""
+    try:
+        return Case.from_json(text)
+    except ValueError as exc:
+        raise UsageError(f"--replay is not a well-formed case: {exc}") from None
 
 
 def _write_repros(args, target, counterexamples) -> list[str]:
@@ -233,7 +248,7 @@ def _write_repros(args, target, counterexamples) -> list[str]:
         return []
     from pcpcheck.repro import write_reproducer
     return [write_reproducer(args.repro_dir, target, regime, observation, args.function)
-            for regime, observation in counterexamples]
+            for regime, observation, _ in counterexamples]
 
 
 def _write_json(path, target, results, counterexamples, function, repros) -> None:
@@ -254,8 +269,10 @@ def _write_json(path, target, results, counterexamples, function, repros) -> Non
             "regime": regime,
             "case": json.loads(o.prepared.case.to_json()),
             "replay": report.replay_command(target.source, o, function),
-            "report": report.counterexample(o, regime, target.source, function),
-        } for regime, o in counterexamples],
+            "flaky": ({"replays": p.runs, "reproduced": p.reproduced}
+                      if p is not None and p.flaky else None),
+            "report": report.counterexample(o, regime, target.source, function, p),
+        } for regime, o, p in counterexamples],
         "reproducers": repros,
     }
     with open(path, "w") as handle:

@@ -1,5 +1,9 @@
 """The search: hypothesis draws cases per regime, every case is judged, violations are shrunk.
 
+After the search each counterexample's case runs REPLAYS more times through the same backend: a
+violation that its own replay does not always show is flaky (the target does not behave the same
+on the same case), and the report says so rather than presenting it as an ordinary, shrunk case.
+
 Each invariant gets its own exception class, so hypothesis treats violations of different
 invariants as different bugs and shrinks each to its own minimal case (report_multiple_bugs).
 A case is reported under the first invariant it violates (spec.names.INVARIANTS order).
@@ -31,6 +35,21 @@ class InvariantViolated(Exception):
 _VIOLATION_TYPES = {i: type(f"{i}Violated", (InvariantViolated,), {}) for i in INVARIANTS}
 
 
+REPLAYS = 5  # runs of each counterexample's case after the search
+
+
+@dataclass(frozen=True)
+class Replays:
+    """How often a counterexample's case showed its violation again when run `runs` more times."""
+
+    runs: int
+    reproduced: int  # runs whose first violation was the counterexample's
+
+    @property
+    def flaky(self) -> bool:
+        return self.reproduced < self.runs
+
+
 class CheckerError(Exception):
     """pcpcheck itself failed (not the target): a bug to report, never a verdict."""
 
@@ -42,6 +61,7 @@ class RegimeResult:
     checked: Counter = field(default_factory=Counter)  # invariant -> cases evaluated
     violated: Counter = field(default_factory=Counter)  # invariant -> cases violating it
     counterexamples: list[Observation] = field(default_factory=list)  # shrunk, one per invariant
+    replays: list[Replays] = field(default_factory=list)  # one per counterexample, in order
     seconds: float = 0.0  # wall time of the whole search
     check_seconds: float = 0.0  # of which running and judging cases (drawing excluded)
 
@@ -87,6 +107,17 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
         raise
     except Exception as exc:  # noqa: BLE001 - a failure of pcpcheck itself, never a verdict
         raise CheckerError(f"pcpcheck failed while checking: {exc!r}") from exc
-    result.seconds = time.perf_counter() - started
     result.counterexamples.sort(key=lambda o: INVARIANTS.index(o.violations[0].invariant))
+    result.seconds = time.perf_counter() - started  # the search's rate: replays excluded
+    result.replays = [replay(runner, target, o, REPLAYS) for o in result.counterexamples]
     return result
+
+
+def replay(runner, target, observation: Observation, runs: int) -> Replays:
+    """Run a counterexample's case `runs` more times; count the runs that show its violation."""
+    invariant = observation.violations[0].invariant
+    reproduced = 0
+    for _ in range(runs):
+        violations = run_case(observation.prepared.case, target, runner).violations
+        reproduced += bool(violations) and violations[0].invariant == invariant
+    return Replays(runs, reproduced)

@@ -510,8 +510,8 @@ def _load_file(path: Path, function: str | None) -> Target:
     if path.suffix != ".py":
         raise LoadError(f"{path}: not a Python file (.py expected)")
     try:
-        source = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        source = path.read_bytes()  # bytes: compile honours a BOM and a PEP 263 coding line
+    except OSError as exc:
         raise LoadError(f"{path}: cannot read: {_one_line(exc)}") from None
     filename = str(path)
     try:

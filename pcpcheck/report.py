@@ -65,10 +65,16 @@ def cache_diff(observation: Observation, rank: int, tensor: int = 0) -> list[str
 
 
 def counterexample(observation: Observation, regime: str, source: str,
-                   function: str | None = None) -> str:
+                   function: str | None = None, replays=None) -> str:
+    """`replays` (engine.Replays): how often the case showed the violation again, if replayed."""
     first = observation.violations[0]
     prepared = observation.prepared
-    lines = [f"{first.invariant} violated on rank(s) {first.ranks} (regime {regime})"]
+    lines = [f"{first.invariant} violated on rank(s) {first.ranks} (regime {regime})"
+             + (", FLAKY" if replays is not None and replays.flaky else "")]
+    if replays is not None and replays.flaky:
+        lines.append(f"  flaky: {replays.reproduced} of {replays.runs} replays of this case showed "
+                     "it again: the target does not behave the same on the same case, so this "
+                     "case may not be the smallest")
     others = [f"{v.invariant} on {v.ranks}" for v in observation.violations[1:]]
     if others:
         lines.append("  also violated: " + "; ".join(others))

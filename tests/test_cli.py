@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
+from pathlib import Path
 
 import pytest
+from hypothesis import given
 
+from pcpcheck.cases import Case, cases
 from pcpcheck.cli import main
 
 
@@ -23,7 +27,7 @@ def _one_line_error(capsys) -> str:
     (["check", "--max-ranks", "9"], "--max-ranks must be between 2 and 8"),
     (["check", "--max-examples", "0"], "must be at least 1"),
     (["check", "--timeout", "-1"], "--timeout must be positive"),
-    (["check", "impl", "--replay", "{not json"], "--replay is not a case printed by pcpcheck"),
+    (["check", "impl", "--replay", "{not json"], "--replay is not a well-formed case: not JSON"),
     (["check", "--frobnicate"], "unrecognized arguments: --frobnicate"),
     (["diff", "impl"], "the following arguments are required: new"),
 ])
@@ -59,10 +63,82 @@ def test_console_script_usage_error_has_no_traceback(tmp_path):
     assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
 
 
+CASE = ('{"batch":{"regime":"sharded","pcp_size":2,"requests":[{"num_tokens":2,'
+        '"prefilling":true,"context_len":0,"blocks":[0,1]}],"block_size":1,"interleave":1,'
+        '"graph_size":0,"dp_pad":0,"pad_slot_map":false,"num_decode_tokens":null},'
+        '"tensors":[{"trailing":[4],"dtype":"bfloat16"}]}')
+
+
 def test_replay_of_a_holding_case_exits_0(capsys):
-    case = ('{"batch":{"regime":"sharded","pcp_size":2,"requests":[{"num_tokens":2,'
-            '"prefilling":true,"context_len":0,"blocks":[0,1]}],"block_size":1,"interleave":1,'
-            '"graph_size":0,"dp_pad":0,"pad_slot_map":false,"num_decode_tokens":null},'
-            '"tensors":[{"trailing":[4],"dtype":"bfloat16"}]}')
-    assert main(["check", "impl", "--replay", case]) == 0
+    assert main(["check", "impl", "--replay", CASE]) == 0
     assert "replayed case holds" in capsys.readouterr().out
+
+
+def _edited(edit) -> str:
+    case = json.loads(CASE)
+    edit(case["batch"], case)
+    return json.dumps(case)
+
+
+def _second_request(blocks):
+    return lambda batch, case: batch["requests"].append(
+        {"num_tokens": 2, "prefilling": True, "context_len": 0, "blocks": blocks})
+
+
+# Each breaks one precondition of the spec (or the case format): before validation these gave
+# tracebacks (exit 1) or false violations of the bundled, correct implementation.
+MALFORMED_REPLAYS = [
+    (lambda b, c: b.update(regime="sideways"), "unknown regime 'sideways'"),
+    (lambda b, c: c["tensors"][0].update(dtype="float64"), "tensor 0: unknown dtype 'float64'"),
+    (lambda b, c: b.update(pcp_size=9), "pcp_size must be a whole number between 2 and 8, got 9"),
+    (lambda b, c: b.update(pcp_size=1), "pcp_size must be a whole number between 2 and 8, got 1"),
+    (lambda b, c: b.update(pcp_size=True), "pcp_size must be a whole number between 2 and 8"),
+    (lambda b, c: c.update(tensors=[]), "tensors must hold 1 to 8 tensors, got 0"),
+    (_second_request([1, 2]), "WF_SLOTS: block 1 is in request 0 and in request 1"),
+    (_second_request([2]), "WF_SLOTS: request 1 has no block for position 1"),
+    (lambda b, c: b["requests"][0].update(blocks=[0, 0]), "WF_SLOTS: block 0 is in request 0 and in request 0"),
+    (lambda b, c: b.update(block_size=0), "block_size must be a whole number at least 1, got 0"),
+    (lambda b, c: c["tensors"][0].update(trailing=[1]), "tensor 0: a row of 2 bytes"),
+    (lambda b, c: (b["requests"][0].update(num_tokens=4, blocks=[0, 1, 2, 3]),
+                   b.update(graph_size=1)), "WF_WIDTH: graph size 1 below max_r n_r = 2"),
+    (lambda b, c: b.update(regime="draft"), "WF_LAYOUT: draft regimes hold decodes only"),
+    (lambda b, c: b.update(regime="draft-mixed", num_decode_tokens=2), "WF_LAYOUT: draft-mixed"),
+    (lambda b, c: b.update(num_decode_tokens=1), "num_decode_tokens is given by the layout"),
+    (lambda b, c: b.update(interleave=2), "interleave 2 applies to the dcp regime only"),
+    (lambda b, c: b.update(dp_pad=1), "dp_pad and pad_slot_map apply to the draft regimes only"),
+    (lambda b, c: b.pop("requests"), "batch: missing requests"),
+    (lambda b, c: b.update(speed=3), "batch: unknown field speed"),
+    (lambda b, c: b["requests"][0].update(num_tokens=-1), "request 0: num_tokens must be"),
+    (lambda b, c: c.update(tensors={"trailing": [4]}), "tensors must be a list"),
+]
+
+
+@pytest.mark.parametrize("edit, fragment", MALFORMED_REPLAYS,
+                         ids=[fragment[:40] for _, fragment in MALFORMED_REPLAYS])
+def test_malformed_replay_exits_2_with_one_line(edit, fragment, capsys):
+    assert main(["check", "impl", "--replay", _edited(edit)]) == 2
+    line = _one_line_error(capsys)
+    assert line.startswith("pcpcheck: usage error: --replay is not a well-formed case: ")
+    assert fragment in line
+
+
+@pytest.mark.parametrize("text", ["[]", "null", '{"batch": 1, "tensors": []}', "3"])
+def test_replay_that_is_not_a_case_object(text, capsys):
+    assert main(["check", "impl", "--replay", text]) == 2
+    assert "--replay is not a well-formed case" in _one_line_error(capsys)
+
+
+def test_replay_writes_the_json_verdict(tmp_path, capsys):
+    path = tmp_path / "verdict.json"
+    bug = str(Path(__file__).parent / "zoo" / "bug04_truncated_slots.py")
+    code = main(["check", bug, "--replay", CASE, "--json", str(path)])
+    verdict = json.loads(path.read_text())
+    assert (code, verdict["verdict"]) == (1, "violated")
+    assert verdict["counterexamples"][0]["case"] == json.loads(CASE)
+    assert verdict["counterexamples"][0]["invariant"] == "REPLICA"
+
+
+@given(case=cases())
+def test_every_drawn_case_is_well_formed_and_round_trips(case):
+    """Validation rejects nothing the search draws (processes read every case through it)."""
+    assert Case.from_json(case.to_json()) == case

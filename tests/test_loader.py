@@ -414,6 +414,29 @@ def test_syntax_error(tmp_path):
     assert f"{path}:2" in message and "syntax error" in message
 
 
+@pytest.mark.parametrize("prefix, encoding", [
+    (b"\xef\xbb\xbf", "utf-8"),  # a UTF-8 byte order mark
+    (b"# -*- coding: latin-1 -*-\n", "latin-1"),  # PEP 263
+    (b"#!/usr/bin/env python\n# vim: set fileencoding=cp1252 :\n", "cp1252"),
+], ids=["bom", "coding-latin-1", "fileencoding-cp1252"])
+def test_encoded_file_loads(tmp_path, prefix, encoding):
+    path = tmp_path / "pcp.py"
+    text = ('NAME = "K\u00e4che"\n\n'
+            "def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens,\n"
+            "                                 shard_decode_requests=False):\n"
+            "    return tuple(tensors), slot_mapping\n")
+    path.write_bytes(prefix + text.encode(encoding))
+    target = load_target(str(path))
+    assert target.function.__globals__["NAME"] == "K\u00e4che"  # decoded as declared
+
+
+def test_undeclared_encoding_is_a_one_line_error(tmp_path):
+    path = tmp_path / "pcp.py"
+    path.write_bytes('NAME = "K\u00e4che"\n'.encode("latin-1"))
+    message = _error(str(path))
+    assert f"{path}:" in message and "utf-8" in message
+
+
 def test_no_gather_function(tmp_path):
     path = _write(tmp_path, "nothing.py", "def helper():\n    pass\n\nVALUE = 3\n")
     message = _error(str(path))

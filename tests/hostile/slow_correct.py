@@ -1,0 +1,16 @@
+"""Hostile target: the bundled, correct gather, taking 0.7 s per call on every rank.
+
+Correct: every invariant holds. The timeout is per rank: at P = 8 with --timeout 5 no rank is
+anywhere near its limit, even where the ranks run one after another (8 x 0.7 s = 5.6 s).
+"""
+
+import time
+
+from impl import gather_prefill_cache_inputs
+from vllm.distributed.parallel_state import get_pcp_group
+
+
+def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
+    time.sleep(0.7)
+    return gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens,
+                                       shard_decode_requests, group=get_pcp_group())
