@@ -18,6 +18,7 @@ from pcpcheck.loader import LoadError
 
 GRACE = 1.5  # seconds the driver waits past a death or a hang for the other ranks' reports
 STARTUP_TIMEOUT = 120.0  # seconds for a worker to start (import torch, join a group)
+LOAD_TIMEOUT = 10.0  # least seconds for a started worker to import the target (--timeout if longer)
 
 
 class WorkerError(Exception):
@@ -62,7 +63,12 @@ class Backend:
         """Load the target in the workers (bounded); its metadata. Idempotent."""
         key = (source, function)
         if key not in self._targets:
-            self._targets[key] = self._load(source, function)
+            try:
+                self._targets[key] = self._load(source, function)
+            except LoadError as exc:  # every load failure names what was being loaded
+                if str(exc).startswith(source):
+                    raise
+                raise LoadError(f"{source}: {exc}") from None
         return self._targets[key]
 
     def run(self, prepared, target: TargetInfo) -> list[RankResult]:

@@ -15,7 +15,7 @@ import datetime
 import time
 
 from pcpcheck.backends import base, pool, wire
-from pcpcheck.backends.base import GRACE, STARTUP_TIMEOUT, Backend, RankResult, TargetInfo
+from pcpcheck.backends.base import GRACE, LOAD_TIMEOUT, STARTUP_TIMEOUT, Backend, RankResult, TargetInfo
 from pcpcheck.backends.base import WorkerError
 from pcpcheck.loader import LoadError
 
@@ -68,7 +68,7 @@ class DistributedBackend(Backend):
     def __init__(self, backend: str = "gloo", timeout: float = 10.0, load_timeout: float | None = None):
         super().__init__(timeout)
         self.name = backend
-        self.load_timeout = load_timeout or max(30.0, timeout)
+        self.load_timeout = load_timeout or max(LOAD_TIMEOUT, timeout)
         self._workspace = pool.Workspace(backend)
         self._pools: dict[int, Pool] = {}
         self.retired_pids: list[int] = []

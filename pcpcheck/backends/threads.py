@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 
 from pcpcheck.backends import base, pool
-from pcpcheck.backends.base import GRACE, STARTUP_TIMEOUT, Backend, RankResult, TargetInfo
+from pcpcheck.backends.base import GRACE, LOAD_TIMEOUT, STARTUP_TIMEOUT, Backend, RankResult, TargetInfo
 from pcpcheck.backends.worker import MAX_RANKS
 from pcpcheck.loader import LoadError
 from pcpcheck.runner import NOT_STARTED, WAITING
@@ -23,7 +23,7 @@ class ThreadsBackend(Backend):
     def __init__(self, timeout: float = 10.0, device: str = "cpu", load_timeout: float | None = None):
         super().__init__(timeout)
         self.device = device
-        self.load_timeout = load_timeout or max(30.0, timeout)
+        self.load_timeout = load_timeout or max(LOAD_TIMEOUT, timeout)
         self._workspace = pool.Workspace("threads")
         self._worker: pool.WorkerProcess | None = None
         self.retired_pids: list[int] = []
