@@ -24,5 +24,6 @@ def replay(target: str, case_json: str, function: str | None = None,
     case = Case.from_json(case_json)
     observation = ThreadRunner(timeout=timeout).observe_case(case, loaded)
     violated = [v.invariant for v in observation.violations]
-    text = report.counterexample(observation, case.batch.regime, loaded.source, function) if violated else ""
+    text = report.counterexample(observation, case.batch.regime, loaded.source, function,
+                                 loaded) if violated else ""
     return Verdict(not violated, violated, text)

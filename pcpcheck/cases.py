@@ -18,7 +18,8 @@ import torch
 from hypothesis import strategies as st
 
 import reference
-from spec.names import DCP, DRAFT_MIXED, DRAFT_REGIMES, REGIMES, Batch, Request
+from spec.names import (DCP, DRAFT_DECODE_THRESHOLD, DRAFT_MIXED, DRAFT_REGIMES, REGIMES, Batch,
+                        Request)
 
 DTYPES = {
     "float32": torch.float32,
@@ -110,23 +111,36 @@ _TENSOR_LISTS = st.lists(st.sampled_from(TENSOR_SPECS), min_size=1, max_size=3)
 
 
 @st.composite
+def _request(draw, regime: str, pcp_size: int, block_span: int) -> tuple[int, bool, int]:
+    """(q, prefilling, context) of one request; its blocks are assigned once all are drawn."""
+    if regime in DRAFT_REGIMES:
+        # draft: decodes of 1 + speculative tokens; draft-mixed: draft blocks, some of q >= 2
+        prefilling, num_tokens = False, draw(_ints(1, 3), label="draft tokens")
+    else:
+        prefilling = draw(_BOOLS, label="prefilling")
+        # q = 0: scheduled nothing this step; decodes carry 1 + speculative tokens.
+        num_tokens = draw(_ints(0, 4 * pcp_size + 3) if prefilling else _ints(0, 3), label="tokens")
+    return num_tokens, prefilling, draw(_ints(0, 2 * block_span), label="context")
+
+
+@functools.lru_cache(maxsize=None)
+def _request_lists(regime: str, pcp_size: int, block_span: int):
+    # A list, not a drawn count: the shrinker deletes whole requests (no leftover empty request).
+    return st.lists(_request(regime, pcp_size, block_span),
+                    min_size=1 if regime == DRAFT_MIXED else 0, max_size=6)
+
+
+@st.composite
 def _requests(draw, regime: str, pcp_size: int, block_size: int, dcp_size: int):
-    # draft-mixed needs a real row the kernel can count as prefill
-    count = draw(_ints(1 if regime == DRAFT_MIXED else 0, 6), label="requests")
     block_span = block_size * dcp_size
+    drawn = draw(_request_lists(regime, pcp_size, block_span), label="requests")
+    if regime == DRAFT_MIXED and max(q for q, _, _ in drawn) <= DRAFT_DECODE_THRESHOLD:
+        # the hazard needs a multi-token draft block the kernel classifies as prefill
+        drawn[-1] = (DRAFT_DECODE_THRESHOLD + 1, *drawn[-1][1:])
     next_block = draw(_ints(0, 3), label="first block")
     requests = []
-    for _ in range(count):
-        if regime in DRAFT_REGIMES:
-            prefilling, num_tokens = False, draw(_ints(1, 3), label="draft tokens")
-        else:
-            prefilling = draw(_BOOLS, label="prefilling")
-            # q = 0: scheduled nothing this step; decodes carry 1 + speculative tokens.
-            num_tokens = draw(_ints(0, 4 * pcp_size + 3) if prefilling
-                              else _ints(0, 3), label="tokens")
-        context_len = draw(_ints(0, 2 * block_span), label="context")
-        end = context_len + num_tokens
-        num_blocks = -(-end // block_span)
+    for num_tokens, prefilling, context_len in drawn:
+        num_blocks = -(-(context_len + num_tokens) // block_span)
         requests.append(Request(num_tokens, prefilling, context_len,
                                 tuple(range(next_block, next_block + num_blocks))))
         next_block += num_blocks
@@ -135,6 +149,17 @@ def _requests(draw, regime: str, pcp_size: int, block_size: int, dcp_size: int):
         requests = [dataclasses.replace(r, blocks=tuple(top - b for b in r.blocks))
                     for r in requests]
     return tuple(requests)
+
+
+def kernel_decode_tokens(requests) -> int:
+    """The attention kernel's nd for a draft step: the leading rows of requests whose query
+    length is within the decode threshold (a multi-token block from there on counts as prefill)."""
+    nd = 0
+    for request in requests:
+        if request.num_tokens > DRAFT_DECODE_THRESHOLD:
+            break
+        nd += request.num_tokens
+    return nd
 
 
 @st.composite
@@ -152,10 +177,8 @@ def cases(draw, regimes=REGIMES, max_ranks: int = 8, pcp_sizes=None) -> Case:
     requests = draw(_requests(regime, pcp_size, block_size, dcp_size))
     batch = Batch(regime, pcp_size, requests, block_size, interleave)
     if regime in DRAFT_REGIMES:
-        real = sum(r.num_tokens for r in requests)
-        nd = draw(_ints(0, real - 1), label="kernel nd") if regime == DRAFT_MIXED else None
         batch = dataclasses.replace(
-            batch, num_decode_tokens=nd,
+            batch, num_decode_tokens=kernel_decode_tokens(requests) if regime == DRAFT_MIXED else None,
             dp_pad=draw(_ints(0, 3), label="DP padding"),
             pad_slot_map=draw(_BOOLS, label="map padded to rows"))
     elif draw(_BOOLS, label="graph padding"):

@@ -21,7 +21,7 @@ from pcpcheck.engine import CheckerError, search
 from pcpcheck.loader import LoadError, load_target
 from pcpcheck.procs import DeviceThreadRunner, ProcessRunner, WorkerError
 from pcpcheck.runner import ThreadRunner
-from spec.names import REGIMES
+from spec.names import DEFAULT_REGIMES, HAZARD_REGIMES, REGIMES
 
 EXIT_HOLDS, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
 DEFAULT_MAX_EXAMPLES = 3000
@@ -48,8 +48,10 @@ def _positive_int(text: str) -> int:
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--function", help="name of the gather function in the target file")
-    parser.add_argument("--regime", action="append", choices=REGIMES, metavar="REGIME",
-                        help=f"regime to check, repeatable (default: all of {', '.join(REGIMES)})")
+    parser.add_argument("--regime", action="append", choices=(*REGIMES, "all"), metavar="REGIME",
+                        help=f"regime to check, repeatable: {', '.join(REGIMES)}, or all "
+                             f"(default: {', '.join(DEFAULT_REGIMES)}; {', '.join(HAZARD_REGIMES)} "
+                             "is a hazard regime, checked only when named or with all)")
     parser.add_argument("--max-examples", type=_positive_int, default=DEFAULT_MAX_EXAMPLES,
                         help="cases drawn per regime (default %(default)s)")
     parser.add_argument("--max-ranks", type=int, default=8,
@@ -108,7 +110,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         raise UsageError(f"--max-ranks must be between 2 and 8, got {args.max_ranks}")
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout}")
-    args.regimes = tuple(dict.fromkeys(args.regime)) if args.regime else REGIMES
+    if not args.regime:
+        args.regimes = DEFAULT_REGIMES
+    elif "all" in args.regime:
+        args.regimes = REGIMES
+    else:
+        args.regimes = tuple(dict.fromkeys(args.regime))
     if getattr(args, "backend", "threads") != "threads":
         _check_process_backend(args)
     return args
@@ -212,14 +219,25 @@ def _check(args, target, runner) -> int:
     print()
     print("\n".join(report.verdict_table(results)))
     counterexamples = [(r.regime, o) for r in results for o in r.counterexamples]
-    for index, (regime, observation) in enumerate(counterexamples, 1):
-        print(f"\nCounterexample {index}: "
-              + report.counterexample(observation, regime, target.source, args.function))
+    into = report.fold(counterexamples)
+    if counterexamples:
+        print("\n" + report.LEGEND)
+    for number, index in enumerate((k for k, host in enumerate(into) if host is None), 1):
+        regime, observation = counterexamples[index]
+        print(f"\nCounterexample {number}: "
+              + report.counterexample(observation, regime, target.source, args.function,
+                                      target))
+        folded = report.folded_line(counterexamples, into, index)
+        if folded:
+            print(folded)
     written = _write_repros(args, target, counterexamples) if counterexamples else []
+    hazards = sum(regime in HAZARD_REGIMES for regime, _ in counterexamples)
     print(f"\nall regimes: {report.rates(*results)}: "
-          + (f"{len(counterexamples)} violation(s)" if counterexamples else "every invariant holds"))
+          + (f"{len(counterexamples)} violation(s), {into.count(None)} shown"
+             + (f", {hazards} in hazard regimes" if hazards else "")
+             if counterexamples else "every invariant holds"))
     if args.json:
-        _write_json(args.json, target, results, counterexamples, args.function, written)
+        _write_json(args.json, target, results, counterexamples, args.function, written, into)
     return EXIT_VIOLATION if counterexamples else EXIT_HOLDS
 
 
@@ -232,7 +250,9 @@ def _replay(args, target, runner) -> int:
     if not observation.violations:
         print(f"  replayed case holds: every invariant of {', '.join(observation.checked)}")
         return EXIT_HOLDS
-    print(report.counterexample(observation, case.batch.regime, target.source, args.function))
+    print(report.counterexample(observation, case.batch.regime, target.source, args.function,
+                                target))
+    print("\n" + report.LEGEND)
     return EXIT_VIOLATION
 
 
@@ -244,12 +264,13 @@ def _write_repros(args, target, counterexamples) -> list[str]:
             for regime, observation in counterexamples]
 
 
-def _write_json(path, target, results, counterexamples, function, repros) -> None:
+def _write_json(path, target, results, counterexamples, function, repros, into) -> None:
     document = {
         "target": target.source,
         "verdict": "violated" if counterexamples else "holds",
         "regimes": {
             r.regime: {
+                "hazard": r.regime in HAZARD_REGIMES,
                 "cases": r.cases,
                 "seconds": round(r.seconds, 3),
                 "invariants": {i: {"checked": r.checked[i], "violated": r.violated[i]}
@@ -260,10 +281,12 @@ def _write_json(path, target, results, counterexamples, function, repros) -> Non
             "ranks": o.violations[0].ranks,
             "also_violated": [v.invariant for v in o.violations[1:]],
             "regime": regime,
+            "hazard": regime in HAZARD_REGIMES,
+            "folded_into": host,  # index of the shown counterexample it folds into, or null
             "case": json.loads(o.prepared.case.to_json()),
             "replay": report.replay_command(target.source, o, function),
-            "report": report.counterexample(o, regime, target.source, function),
-        } for regime, o in counterexamples],
+            "report": report.counterexample(o, regime, target.source, function, target),
+        } for (regime, o), host in zip(counterexamples, into)],
         "reproducers": repros,
     }
     with open(path, "w") as handle:

@@ -2,7 +2,7 @@
 
 Each invariant gets its own exception class, so hypothesis treats violations of different
 invariants as different bugs and shrinks each to its own minimal case (report_multiple_bugs).
-A case is reported under the first invariant it violates (spec.names.INVARIANTS order).
+A case is reported under the first invariant it violates (spec.registry order).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import seed as hypothesis_seed
 
 from pcpcheck.cases import Case, cases
 from pcpcheck.check import Observation
-from spec.names import INVARIANTS
+from spec.registry import IDS
 
 
 class InvariantViolated(Exception):
@@ -28,7 +28,7 @@ class InvariantViolated(Exception):
         super().__init__(f"{first.invariant} violated on rank(s) {first.ranks}")
 
 
-_VIOLATION_TYPES = {i: type(f"{i}Violated", (InvariantViolated,), {}) for i in INVARIANTS}
+_VIOLATION_TYPES = {i: type(f"{i}Violated", (InvariantViolated,), {}) for i in IDS}
 
 
 class CheckerError(Exception):
@@ -88,5 +88,5 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
     except Exception as exc:  # noqa: BLE001 - a failure of pcpcheck itself, never a verdict
         raise CheckerError(f"pcpcheck failed while checking: {exc!r}") from exc
     result.seconds = time.perf_counter() - started
-    result.counterexamples.sort(key=lambda o: INVARIANTS.index(o.violations[0].invariant))
+    result.counterexamples.sort(key=lambda o: IDS.index(o.violations[0].invariant))
     return result

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from spec import invariants as inv
 from spec import model
+from spec.model import pad_label
 from spec.names import (
     BRANCH_ALL_DECODE,
     BRANCH_MIXED,
@@ -35,7 +36,6 @@ from spec.names import (
     UNIQUE,
     Batch,
     Request,
-    pad_label,
 )
 
 T, F = True, False

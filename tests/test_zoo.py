@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 
 import reference
-from pcpcheck.cases import Case
+from pcpcheck.cases import Case, TensorSpec, kernel_decode_tokens
 from pcpcheck.cli import main
-from spec.names import COLLECTIVE, PAD_HYGIENE, REPLICA, RETURNS, UNIQUE
+from spec.names import (COLLECTIVE, DCP, DRAFT, DRAFT_MIXED, PAD_HYGIENE, REPLICA, REPLICATED,
+                        RETURNS, SHARDED, UNIQUE, Batch, Request)
+from spec.registry import pairs
 
 ZOO = Path(__file__).parent / "zoo"
 MAX_EXAMPLES = "300"
@@ -30,8 +32,9 @@ MAX_EXAMPLES = "300"
 # graph-padding row, or one decode plus a one-token prefill), so the size is asserted, not one
 # particular case.
 ZOO_CASES = [
-    # class 10: the early return keeps T[:nd]: one decode classified nd = 0 is never written.
-    ("upstream.py", "draft-mixed", REPLICA, (2, 1, 1)),
+    # class 10 (hazard): the early return keeps T[:nd]: a 2-token draft block the kernel
+    # classifies as prefill (nd = 0) is never written.
+    ("upstream.py", "draft-mixed", REPLICA, (2, 2, 2)),
     # class 2: no shard flag: the rank owning the one decode takes C (no collective), its peer D.
     ("legacy_no_shard.py", "sharded", COLLECTIVE, (2, 1, 1)),
     # class 1: branch E needs 0 < nd < L: a decode plus a padding row or a one-token prefill.
@@ -46,8 +49,8 @@ ZOO_CASES = [
     ("bug06_partial_expansion.py", "sharded", REPLICA, (2, 2, 2)),
     # class 7: two padding slots (or a padding slot next to the real slot 0) both aimed at 0.
     ("bug07_zero_pad.py", "sharded", UNIQUE, (2, 1, 1)),
-    # class 8: int64 slots read as int32: [0, -1] reads as [0, 0] (low, high word).
-    ("bug08_slot_dtype.py", "replicated", UNIQUE, (2, 2, 2)),
+    # class 8: int64 slots read as int32 and returned so: the map's dtype changed, even when empty.
+    ("bug08_slot_dtype.py", "replicated", RETURNS, (2, 0, 0)),
     # class 9: reshape(L, -1) with no rows at all: an empty step crashes.
     ("bug09_zero_rows_reshape.py", "replicated", RETURNS, (2, 0, 0)),
     # class 11: replicated decode copies unmasked in branch E (a decode plus a second row).
@@ -94,6 +97,45 @@ def _assert_reproducer_fails(path: str, invariant: str) -> None:
     assert len(tests) == 1
     with pytest.raises(AssertionError, match=invariant):
         tests[0]()
+
+
+def _request(num_tokens: int, prefilling: bool, first_block: int, span: int) -> Request:
+    return Request(num_tokens, prefilling, 0, tuple(range(first_block, first_block + -(-num_tokens // span))))
+
+
+def _draft_mixed() -> Batch:
+    requests = (_request(1, False, 0, 1), _request(2, False, 1, 1))  # a decode, then a 2-token block
+    return Batch(DRAFT_MIXED, 2, requests, 1, num_decode_tokens=kernel_decode_tokens(requests))
+
+
+# One pinned case per regime, with at least two written slots on every rank (tests/zoo/triggers.py).
+PINNED = {
+    SHARDED: Batch(SHARDED, 2, (_request(1, False, 0, 1), _request(4, True, 1, 1)), 1),
+    REPLICATED: Batch(REPLICATED, 2, (_request(1, False, 0, 1), _request(4, True, 1, 1)), 1),
+    DCP: Batch(DCP, 2, (_request(8, True, 0, 2),), 1),
+    DRAFT: Batch(DRAFT, 2, (_request(1, False, 0, 1), _request(2, False, 1, 1)), 1),
+    DRAFT_MIXED: _draft_mixed(),
+}
+
+
+@pytest.mark.parametrize("invariant, regime", pairs(), ids=[f"{i}-{r}" for i, r in pairs()])
+def test_every_invariant_fires_in_every_regime_it_applies_to(invariant, regime, capsys):
+    """Each (ID, regime) of spec.registry has a checker-level trigger reported under that exact ID:
+    `pcpcheck check tests/zoo/triggers.py --function fires_ID --replay PINNED_CASE`."""
+    case = Case(PINNED[regime], (TensorSpec((4,), "float32"),)).to_json()
+    code = main(["check", str(ZOO / "triggers.py"), "--function", f"fires_{invariant}",
+                 "--replay", case])
+    out = capsys.readouterr().out
+    assert code == 1, f"no trigger makes {invariant} fire in {regime}:\n{out}"
+    reported = out.splitlines()[2 if "stood in for" in out else 1]
+    assert reported.startswith(f"{invariant} violated"), out
+
+
+@pytest.mark.parametrize("regime", list(PINNED))
+def test_pinned_cases_hold_for_the_correct_gather(regime):
+    """A trigger's case is one the correct gather passes: the violation is the trigger's."""
+    case = Case(PINNED[regime], (TensorSpec((4,), "float32"),)).to_json()
+    assert main(["check", str(ZOO / "correct.py"), "--replay", case]) == 0
 
 
 def test_correct_zoo_gather_holds_everywhere(tmp_path):
