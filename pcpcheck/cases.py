@@ -192,7 +192,8 @@ def cases(draw, regimes=REGIMES, max_ranks: int = 8, pcp_sizes=None) -> Case:
 def describe(case: Case) -> str:
     """One line a reviewer reads: regime, ranks, requests."""
     batch = case.batch
-    parts = [f"{'prefill' if r.prefilling else 'decode'}({r.num_tokens}"
+    kind = "draft" if batch.regime in DRAFT_REGIMES else None
+    parts = [f"{kind or ('prefill' if r.prefilling else 'decode')}({r.num_tokens}"
              + (f", ctx {r.context_len}" if r.context_len else "") + ")" for r in batch.requests]
     extra = []
     if batch.graph_size:

@@ -37,7 +37,7 @@ How to read this report:
   verdict table: "40 ok": the predicate ran on 40 cases (shrinking included) and held on each;
     "3/40 FAIL": it failed on 3 of the 40 cases it ran on; "n/a": it does not apply there
   batch: regime, P = PCP ranks, B = block size (slots per KV block); decode(q) / prefill(q, ctx c):
-    a request scheduling q tokens after c cached ones
+    a request scheduling q tokens after c cached ones; draft(q): a speculative block of q tokens
   t3->17: token 3 (tokens numbered in batch order) belongs at cache slot 17 on every rank;
     t3->17@r1 (dcp): at slot 17 on rank 1, the one rank that owns it
   rows [t0 t3 pad ??]: a tensor's rows by the token each carries: pad = a padding row,
@@ -57,6 +57,8 @@ def token_table(observation: Observation) -> list[str]:
             owners.setdefault(tok, []).append(f"{slot}" + (f"@r{rank}" if batch.regime == DCP else ""))
     for index, request in enumerate(batch.requests):
         kind = "prefill" if request.prefilling else "decode"
+        if batch.num_decode_tokens is not None:  # draft-mixed: how the kernel classifies it
+            kind = f"draft block, kernel: {'decode' if token < batch.num_decode_tokens else 'prefill'}"
         ids = range(token, token + request.num_tokens)
         placed = ", ".join(f"t{t}->{'/'.join(sorted(set(owners.get(t, ['-']))))}" for t in ids)
         lines.append(f"    req {index} {kind}, {request.num_tokens} token(s): {placed or 'no rows'}")
