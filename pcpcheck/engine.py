@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 
-from pcpcheck.cases import Case, cases
+from pcpcheck.cases import Case, cases, smaller
 from pcpcheck.check import Observation
 from spec.registry import IDS
 
@@ -87,6 +87,25 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
         raise
     except Exception as exc:  # noqa: BLE001 - a failure of pcpcheck itself, never a verdict
         raise CheckerError(f"pcpcheck failed while checking: {exc!r}") from exc
+    result.counterexamples = [_reduced(o, runner, target) for o in result.counterexamples]
     result.seconds = time.perf_counter() - started
     result.counterexamples.sort(key=lambda o: IDS.index(o.violations[0].invariant))
     return result
+
+
+def _reduced(observation: Observation, runner, target, budget: int = 400) -> Observation:
+    """The counterexample after greedy reductions (cases.smaller) that keep its first violated
+    invariant: hypothesis' shrink can stop in a local minimum. `budget` cases at most."""
+    invariant = observation.violations[0].invariant
+    improved = True
+    while improved and budget > 0:
+        improved = False
+        for case in smaller(observation.prepared.case):
+            budget -= 1
+            candidate = runner.observe_case(case, target)
+            if candidate.violations and candidate.violations[0].invariant == invariant:
+                observation, improved = candidate, True
+                break
+            if budget <= 0:
+                break
+    return observation

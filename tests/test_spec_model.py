@@ -292,6 +292,47 @@ def test_expected_caches():
     assert model.expected_caches(dcp) == [{2: 0, 3: 2}, {2: 1}]
 
 
+# --- predicates: each one rejects the violation SPEC.md states, and only that -------------------
+
+ALL_DONE = [("all_gather", 0, (2, 4), "torch.float32")]
+HUNG = [("all_gather", 0, (2, 4), "torch.float32"), (inv.INCOMPLETE, "never completed")]
+
+PREDICATE_CASES = [
+    # (ID, predicate, arguments, holds)
+    (RETURNS, inv.returns, ([None, None],), True),
+    (RETURNS, inv.returns, ([None, "raised ValueError"],), False),
+    (COLLECTIVE, inv.collective_agreement, ([ALL_DONE, ALL_DONE],), True),
+    (COLLECTIVE, inv.collective_agreement, ([ALL_DONE, []],), False),
+    (COLLECTIVE, inv.collective_agreement, ([HUNG, HUNG],), False),  # equal, yet never completed
+    (NO_MUTATION, inv.no_input_mutation, ([b"a", b"b"], [b"a", b"b"]), True),
+    (NO_MUTATION, inv.no_input_mutation, ([b"a", b"b"], [b"a", b"c"]), False),
+    (LENGTH, inv.length_agreement, ([[0, 1, -3], [0, 1, 5]], [4, 5]), True),  # extra rows unwritten
+    (LENGTH, inv.length_agreement, ([[0]], [4, 5]), False),
+    (LENGTH, inv.length_agreement, ([[0, 1], [1, 0]], [4, 5]), False),  # tensors not aligned
+    (UNIQUE, inv.uniqueness, ([0, -1, -1, 3],), True),
+    (UNIQUE, inv.uniqueness, ([0, 3, 0],), False),  # slot 0 is a real slot
+    (PAD_HYGIENE, inv.pad_hygiene, ([0, -2], [4, -1]), True),
+    (PAD_HYGIENE, inv.pad_hygiene, ([-2, 0], [0, 4]), False),  # a padding row at slot 0
+    (PAD_HYGIENE, inv.pad_hygiene, ([NO_ROW], [4]), False),  # no input row
+    (PAD_HYGIENE, inv.pad_hygiene, ([0], [4, 5]), False),  # a row past the returned rows
+    (PAIRING, inv.pairing, ({4: 0, 5: 1}, [0, 1, -2], [4, 5, -1]), True),
+    (PAIRING, inv.pairing, ({4: 0, 5: 1}, [1, 0], [4, 5]), False),  # swapped
+    (PAIRING, inv.pairing, ({4: 0}, [0, 1], [4, 9]), False),  # a slot this rank must not hold
+    (REPLICA, inv.replica, ({4: 0}, [{4: 0}, {4: 0}]), True),
+    (REPLICA, inv.replica, ({4: 0}, [{4: 0}, {}]), False),  # a peer lost the token
+    (SHARD, inv.shard, ([{4: 0}, {4: 1}], [{4: 0}, {4: 1}], [0, 1]), True),
+    (SHARD, inv.shard, ([{4: 0}, {4: 1}], [{4: 0}, {}], [0, 1]), False),
+    (SHARD, inv.shard, ([{4: 0}, {}], [{4: 0}, {}], [0, 1]), False),  # token 1 owned by no rank
+]
+
+
+@pytest.mark.parametrize("invariant, predicate, arguments, holds", PREDICATE_CASES,
+                         ids=[f"{c[0]}-{'holds' if c[3] else 'violated'}-{k}"
+                              for k, c in enumerate(PREDICATE_CASES)])
+def test_predicate_decides_its_invariant(invariant, predicate, arguments, holds):
+    assert predicate(*arguments) is holds, invariant
+
+
 # --- property: the model satisfies every predicate on well-formed steps -------------------------
 
 
