@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from pcpcheck.cli import main
-from spec.names import DEFAULT_REGIMES, PRECONDITIONS
-from spec.registry import IDS, applicable
+from spec.names import DEFAULT_REGIMES, PRECONDITIONS, REGIMES
+from spec.registry import IDS, REGISTRY, applicable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,6 +19,15 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_spec_md_states_exactly_the_ids_of_spec_names():
     headings = re.findall(r"^### (\w+)$", (ROOT / "spec" / "SPEC.md").read_text(), re.M)
     assert headings == list(IDS) + list(PRECONDITIONS)
+
+
+def test_registry_regimes_are_those_spec_md_states():
+    text = (ROOT / "spec" / "SPEC.md").read_text()
+    for entry in REGISTRY:
+        section = " ".join(text.split(f"### {entry.id}\n", 1)[1].split("\n#", 1)[0].split())
+        stated = re.search(r"Regimes:\s+(all five|(?:`[\w-]+`,?\s*)+)", section).group(1)
+        regimes = REGIMES if stated == "all five" else tuple(re.findall(r"`([\w-]+)`", stated))
+        assert entry.regimes == regimes, entry.id
 
 
 def test_main_job_reports_every_invariant_with_cases_in_every_regime_it_applies_to(tmp_path, capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import event, given, settings
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from spec import invariants as inv
 from spec import model
 from spec.model import pad_label
+from spec.registry import Step, applicable, evaluate
 from spec.names import (
     BRANCH_ALL_DECODE,
     BRANCH_MIXED,
@@ -331,6 +333,30 @@ PREDICATE_CASES = [
                               for k, c in enumerate(PREDICATE_CASES)])
 def test_predicate_decides_its_invariant(invariant, predicate, arguments, holds):
     assert predicate(*arguments) is holds, invariant
+
+
+def _view(rows, slots, caches, returned=True, error=None):
+    """One rank as the judge sees it (the fields spec.registry.Step documents)."""
+    return SimpleNamespace(error=error, returned=returned, rows=rows, slots=slots, caches=caches,
+                           trace=[], inputs_before=[b"x"], inputs_after=[b"x"])
+
+
+def test_registry_evaluates_every_rank_and_tensor():
+    expected = [{4: 0, 5: 1}] * 2
+    good = _view([[0, 1], [0, 1]], [4, 5], [{4: 0, 5: 1}] * 2)
+    bad = _view([[0, 1], [0, -3]], [4, 5], [{4: 0, 5: 1}, {4: 0, 5: -3}])  # tensor 1 of rank 1
+    failed, ran = evaluate(Step([good, bad], expected, [0, 1], 2), REPLICATED)
+    assert failed == {LENGTH: [1], PAD_HYGIENE: [1], REPLICA: [1]}
+    assert ran == tuple(entry.id for entry in applicable(REPLICATED))
+
+
+def test_registry_counts_only_predicates_that_ran():
+    """Output predicates do not run on ranks whose call failed: a case where no rank returned
+    counts for RETURNS, COLLECTIVE, NO_MUTATION and the cache invariant only."""
+    failed_call = _view([[]], [], [{}], returned=False, error="raised")
+    failed, ran = evaluate(Step([failed_call, failed_call], [{4: 0}] * 2, [0], 1), SHARDED)
+    assert ran == (RETURNS, COLLECTIVE, NO_MUTATION, REPLICA)
+    assert failed == {RETURNS: [0, 1], REPLICA: [0, 1]}
 
 
 # --- property: the model satisfies every predicate on well-formed steps -------------------------
