@@ -93,19 +93,22 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
     return result
 
 
-def _reduced(observation: Observation, runner, target, budget: int = 400) -> Observation:
+def _reduced(observation: Observation, runner, target, budget: int = 400,
+             seconds: float = 60.0) -> Observation:
     """The counterexample after greedy reductions (cases.smaller) that keep its first violated
-    invariant: hypothesis' shrink can stop in a local minimum. `budget` cases at most."""
+    invariant: hypothesis' shrink can stop in a local minimum. At most `budget` cases and
+    `seconds` (a hanging target costs its timeout per case)."""
     invariant = observation.violations[0].invariant
+    deadline = time.perf_counter() + seconds
     improved = True
-    while improved and budget > 0:
+    while improved:
         improved = False
         for case in smaller(observation.prepared.case):
+            if budget <= 0 or time.perf_counter() > deadline:
+                return observation
             budget -= 1
             candidate = runner.observe_case(case, target)
             if candidate.violations and candidate.violations[0].invariant == invariant:
                 observation, improved = candidate, True
-                break
-            if budget <= 0:
                 break
     return observation

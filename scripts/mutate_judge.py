@@ -100,7 +100,8 @@ MUTANTS = [
 # Stages, cheapest first; each a pytest argument list.
 STAGES = [
     ["tests/test_spec_model.py", "tests/test_zoo.py", "-k",
-     "predicate or registry or every_invariant or pinned or bug08 or call_line or model_satisfies"],
+     "predicate or registry or every_invariant or pinned or bug08 or call_line or model_satisfies"
+     " or another_device"],
     ["tests/test_project.py", "tests/test_hostile.py"],
     ["tests/test_zoo.py", "tests/test_cli.py", "tests/test_agreement.py", "tests/test_runner.py"],
     ["tests/test_crosshair.py", "tests/test_procs.py"],

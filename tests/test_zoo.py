@@ -144,6 +144,15 @@ def test_every_invariant_fires_in_every_regime_it_applies_to(invariant, regime, 
 
 
 
+def test_slot_map_returned_on_another_device_breaks_returns(capsys):
+    case = Case(PINNED[SHARDED], (TensorSpec((4,), "float32"),)).to_json()
+    assert main(["check", str(ZOO / "triggers.py"), "--function", "returns_slots_on_meta",
+                 "--replay", case]) == 1
+    out = capsys.readouterr().out
+    assert "RETURNS violated on rank(s) [0, 1, 2]" in out
+    assert "slot_mapping as torch.int64 on meta; it went in as torch.int64 on cpu" in out
+
+
 @pytest.mark.parametrize("regime", list(PINNED))
 def test_pinned_cases_hold_for_the_correct_gather(regime):
     """A trigger's case is one the correct gather passes: the violation is the trigger's."""

@@ -104,3 +104,9 @@ def fires_cache(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=
 
 
 fires_REPLICA = fires_SHARD = fires_cache
+
+
+def returns_slots_on_meta(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
+    """RETURNS by device: right dtype, right content, but not on the input map's device."""
+    rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+    return tuple(rows), slots.to("meta")
