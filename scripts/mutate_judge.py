@@ -93,6 +93,12 @@ MUTANTS = [
      "if slots.dtype != slot_dtype or slots.device != device:", "if slots.dtype != slot_dtype:"),
     ("malformed: tensor dtype and shape not checked", "pcpcheck/check.py",
      "if tensor.dtype != spec.torch_dtype or tuple(tensor.shape[1:]) != spec.trailing:", "if False:"),
+    ("malformed: tensor shape checked, dtype not", "pcpcheck/check.py",
+     "if tensor.dtype != spec.torch_dtype or tuple(tensor.shape[1:]) != spec.trailing:",
+     "if tuple(tensor.shape[1:]) != spec.trailing:"),
+    ("malformed: tensor dtype checked, shape not", "pcpcheck/check.py",
+     "if tensor.dtype != spec.torch_dtype or tuple(tensor.shape[1:]) != spec.trailing:",
+     "if tensor.dtype != spec.torch_dtype:"),
     ("malformed: tensor count not checked", "pcpcheck/check.py",
      "    if len(tensors) != len(specs):\n", "    if False:\n"),
 ]
@@ -101,7 +107,7 @@ MUTANTS = [
 STAGES = [
     ["tests/test_spec_model.py", "tests/test_zoo.py", "-k",
      "predicate or registry or every_invariant or pinned or bug08 or call_line or model_satisfies"
-     " or another_device"],
+     " or even_with"],
     ["tests/test_project.py", "tests/test_hostile.py"],
     ["tests/test_zoo.py", "tests/test_cli.py", "tests/test_agreement.py", "tests/test_runner.py"],
     ["tests/test_crosshair.py", "tests/test_procs.py"],

@@ -110,3 +110,15 @@ def returns_slots_on_meta(tensors, slot_mapping, num_decode_tokens, shard_decode
     """RETURNS by device: right dtype, right content, but not on the input map's device."""
     rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
     return tuple(rows), slots.to("meta")
+
+
+def returns_rows_as_int32(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
+    """RETURNS by dtype: the rows' bytes intact, reinterpreted as int32 (float32 inputs)."""
+    rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+    return tuple(t.view(torch.int32) for t in rows), slots
+
+
+def returns_rows_reshaped(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
+    """RETURNS by shape: the rows' bytes intact, trailing shape (4,) returned as (2, 2)."""
+    rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+    return tuple(t.reshape(t.shape[0], 2, 2) for t in rows), slots
