@@ -148,10 +148,11 @@ def test_every_invariant_fires_in_every_regime_it_applies_to(invariant, regime, 
     ("returns_slots_on_meta", "slot_mapping as torch.int64 on meta; it went in as torch.int64 on cpu"),
     ("returns_rows_as_int32", "tensor 0 as torch.int32 (6, 4); it went in as torch.float32 (L, 4)"),
     ("returns_rows_reshaped", "tensor 0 as torch.float32 (6, 2, 2); it went in as torch.float32 (L, 4)"),
+    ("returns_one_tensor_less", "returned 1 tensor(s) for 2 input(s)"),
 ])
 def test_outputs_unlike_the_inputs_break_returns_even_with_every_byte_right(function, message, capsys):
-    """Dtype, trailing shape and device are checked, not only the bytes."""
-    case = Case(PINNED[SHARDED], (TensorSpec((4,), "float32"),)).to_json()
+    """Count, dtype, trailing shape and device are checked, not only the bytes."""
+    case = Case(PINNED[SHARDED], (TensorSpec((4,), "float32"),) * 2).to_json()
     assert main(["check", str(ZOO / "triggers.py"), "--function", function, "--replay", case]) == 1
     out = capsys.readouterr().out
     assert "RETURNS violated on rank(s) [0, 1, 2]" in out and message in out, out

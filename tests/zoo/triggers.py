@@ -122,3 +122,9 @@ def returns_rows_reshaped(tensors, slot_mapping, num_decode_tokens, shard_decode
     """RETURNS by shape: the rows' bytes intact, trailing shape (4,) returned as (2, 2)."""
     rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
     return tuple(t.reshape(t.shape[0], 2, 2) for t in rows), slots
+
+
+def returns_one_tensor_less(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
+    """RETURNS by count: the last input tensor's gathered rows are not returned."""
+    rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+    return tuple(rows[:-1]), slots
