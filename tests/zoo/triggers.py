@@ -11,8 +11,9 @@ import torch
 from vllm.distributed.parallel_state import get_pcp_group
 
 
-def _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests):
-    """The gather of correct.py (branches A-E of pcp-semantics section 5)."""
+def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
+    """The gather of correct.py (branches A-E of pcp-semantics section 5): the default function,
+    which every trigger calls first; its outputs are fresh tensors the trigger may change."""
     pcp_group = get_pcp_group()
     world = pcp_group.world_size
     num_rows = tensors[0].shape[0]
@@ -40,12 +41,12 @@ def _written(slots) -> list[int]:
 
 
 def fires_RETURNS(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
-    rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+    rows, slots = _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
     return tuple(rows), slots.to(torch.int32)  # bug class 8, direct form: int32 for an int64 map
 
 
 def fires_COLLECTIVE(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
-    rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+    rows, slots = _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
     pcp_group = get_pcp_group()
     if pcp_group.rank_in_group == 0:
         pcp_group.all_gather(slot_mapping.contiguous(), dim=0)  # only rank 0 calls it
@@ -53,20 +54,20 @@ def fires_COLLECTIVE(tensors, slot_mapping, num_decode_tokens, shard_decode_requ
 
 
 def fires_NO_MUTATION(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
-    rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+    rows, slots = _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
     slot_mapping.add_(1)  # the caller's map, after the outputs were taken from it
     return tuple(rows), slots
 
 
 def fires_LENGTH(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
-    rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+    rows, slots = _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
     if slots.numel():
         rows = [t[: slots.numel() - 1] for t in rows]  # one row fewer than slots
     return tuple(rows), slots
 
 
 def fires_UNIQUE(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
-    rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+    rows, slots = _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
     written = _written(slots)
     if written:  # the first written row and slot once more: one slot written twice
         k = written[0]
@@ -76,7 +77,7 @@ def fires_UNIQUE(tensors, slot_mapping, num_decode_tokens, shard_decode_requests
 
 
 def fires_PAD_HYGIENE(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
-    rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+    rows, slots = _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
     written = _written(slots)
     if written:  # a written slot paired with a row that is no input row
         for t in rows:
@@ -85,7 +86,7 @@ def fires_PAD_HYGIENE(tensors, slot_mapping, num_decode_tokens, shard_decode_req
 
 
 def fires_PAIRING(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
-    rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+    rows, slots = _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
     written = _written(slots)
     if len(written) >= 2:  # two real rows swapped against their slots
         first, second = written[0], written[1]
@@ -96,7 +97,7 @@ def fires_PAIRING(tensors, slot_mapping, num_decode_tokens, shard_decode_request
 
 def fires_cache(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
     """REPLICA (D = 1) or SHARD (D > 1): the last written slot is dropped on every rank."""
-    rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+    rows, slots = _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
     written = _written(slots)
     if written:
         slots[written[-1]] = -1
@@ -108,23 +109,23 @@ fires_REPLICA = fires_SHARD = fires_cache
 
 def returns_slots_on_meta(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
     """RETURNS by device: right dtype, right content, but not on the input map's device."""
-    rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+    rows, slots = _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
     return tuple(rows), slots.to("meta")
 
 
 def returns_rows_as_int32(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
     """RETURNS by dtype: the rows' bytes intact, reinterpreted as int32 (float32 inputs)."""
-    rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+    rows, slots = _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
     return tuple(t.view(torch.int32) for t in rows), slots
 
 
 def returns_rows_reshaped(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
     """RETURNS by shape: the rows' bytes intact, trailing shape (4,) returned as (2, 2)."""
-    rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+    rows, slots = _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
     return tuple(t.reshape(t.shape[0], 2, 2) for t in rows), slots
 
 
 def returns_one_tensor_less(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
     """RETURNS by count: the last input tensor's gathered rows are not returned."""
-    rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+    rows, slots = _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
     return tuple(rows[:-1]), slots
