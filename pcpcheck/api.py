@@ -25,5 +25,6 @@ def replay(target: str, case_json: str, function: str | None = None,
         loaded = backend.load(target, function)
         observation = run_case(case, loaded, backend)
     violated = [v.invariant for v in observation.violations]
-    text = report.counterexample(observation, case.batch.regime, loaded.source, function) if violated else ""
+    text = report.counterexample(observation, case.batch.regime, loaded.source, function,
+                                 loaded) if violated else ""
     return Verdict(not violated, violated, text)

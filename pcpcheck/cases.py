@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 import reference
 from spec import model
-from spec.names import DCP, DRAFT_MIXED, DRAFT_REGIMES, REGIMES, Batch, Request
+from spec.names import (DCP, DRAFT_DECODE_THRESHOLD, DRAFT_MIXED, DRAFT_REGIMES, REGIMES, Batch,
+                        Request)
 
 DTYPES = {
     "float32": torch.float32,
@@ -213,23 +214,36 @@ _TENSOR_LISTS = st.lists(st.sampled_from(TENSOR_SPECS), min_size=1, max_size=3)
 
 
 @st.composite
+def _request(draw, regime: str, pcp_size: int, block_span: int) -> tuple[int, bool, int]:
+    """(q, prefilling, context) of one request; its blocks are assigned once all are drawn."""
+    if regime in DRAFT_REGIMES:
+        # draft: decodes of 1 + speculative tokens; draft-mixed: draft blocks, some of q >= 2
+        prefilling, num_tokens = False, draw(_ints(1, 3), label="draft tokens")
+    else:
+        prefilling = draw(_BOOLS, label="prefilling")
+        # q = 0: scheduled nothing this step; decodes carry 1 + speculative tokens.
+        num_tokens = draw(_ints(0, 4 * pcp_size + 3) if prefilling else _ints(0, 3), label="tokens")
+    return num_tokens, prefilling, draw(_ints(0, 2 * block_span), label="context")
+
+
+@functools.lru_cache(maxsize=None)
+def _request_lists(regime: str, pcp_size: int, block_span: int):
+    # A list, not a drawn count: the shrinker deletes whole requests (no leftover empty request).
+    return st.lists(_request(regime, pcp_size, block_span),
+                    min_size=1 if regime == DRAFT_MIXED else 0, max_size=6)
+
+
+@st.composite
 def _requests(draw, regime: str, pcp_size: int, block_size: int, dcp_size: int):
-    # draft-mixed needs a real row the kernel can count as prefill
-    count = draw(_ints(1 if regime == DRAFT_MIXED else 0, 6), label="requests")
     block_span = block_size * dcp_size
+    drawn = draw(_request_lists(regime, pcp_size, block_span), label="requests")
+    if regime == DRAFT_MIXED and max(q for q, _, _ in drawn) <= DRAFT_DECODE_THRESHOLD:
+        # the hazard needs a multi-token draft block the kernel classifies as prefill
+        drawn[-1] = (DRAFT_DECODE_THRESHOLD + 1, *drawn[-1][1:])
     next_block = draw(_ints(0, 3), label="first block")
     requests = []
-    for _ in range(count):
-        if regime in DRAFT_REGIMES:
-            prefilling, num_tokens = False, draw(_ints(1, 3), label="draft tokens")
-        else:
-            prefilling = draw(_BOOLS, label="prefilling")
-            # q = 0: scheduled nothing this step; decodes carry 1 + speculative tokens.
-            num_tokens = draw(_ints(0, 4 * pcp_size + 3) if prefilling
-                              else _ints(0, 3), label="tokens")
-        context_len = draw(_ints(0, 2 * block_span), label="context")
-        end = context_len + num_tokens
-        num_blocks = -(-end // block_span)
+    for num_tokens, prefilling, context_len in drawn:
+        num_blocks = -(-(context_len + num_tokens) // block_span)
         requests.append(Request(num_tokens, prefilling, context_len,
                                 tuple(range(next_block, next_block + num_blocks))))
         next_block += num_blocks
@@ -238,6 +252,17 @@ def _requests(draw, regime: str, pcp_size: int, block_size: int, dcp_size: int):
         requests = [dataclasses.replace(r, blocks=tuple(top - b for b in r.blocks))
                     for r in requests]
     return tuple(requests)
+
+
+def kernel_decode_tokens(requests) -> int:
+    """The attention kernel's nd for a draft step: the leading rows of requests whose query
+    length is within the decode threshold (a multi-token block from there on counts as prefill)."""
+    nd = 0
+    for request in requests:
+        if request.num_tokens > DRAFT_DECODE_THRESHOLD:
+            break
+        nd += request.num_tokens
+    return nd
 
 
 @st.composite
@@ -255,10 +280,8 @@ def cases(draw, regimes=REGIMES, max_ranks: int = 8, pcp_sizes=None) -> Case:
     requests = draw(_requests(regime, pcp_size, block_size, dcp_size))
     batch = Batch(regime, pcp_size, requests, block_size, interleave)
     if regime in DRAFT_REGIMES:
-        real = sum(r.num_tokens for r in requests)
-        nd = draw(_ints(0, real - 1), label="kernel nd") if regime == DRAFT_MIXED else None
         batch = dataclasses.replace(
-            batch, num_decode_tokens=nd,
+            batch, num_decode_tokens=kernel_decode_tokens(requests) if regime == DRAFT_MIXED else None,
             dp_pad=draw(_ints(0, 3), label="DP padding"),
             pad_slot_map=draw(_BOOLS, label="map padded to rows"))
     elif draw(_BOOLS, label="graph padding"):
@@ -272,7 +295,8 @@ def cases(draw, regimes=REGIMES, max_ranks: int = 8, pcp_sizes=None) -> Case:
 def describe(case: Case) -> str:
     """One line a reviewer reads: regime, ranks, requests."""
     batch = case.batch
-    parts = [f"{'prefill' if r.prefilling else 'decode'}({r.num_tokens}"
+    kind = "draft" if batch.regime in DRAFT_REGIMES else None
+    parts = [f"{kind or ('prefill' if r.prefilling else 'decode')}({r.num_tokens}"
              + (f", ctx {r.context_len}" if r.context_len else "") + ")" for r in batch.requests]
     extra = []
     if batch.graph_size:
@@ -288,3 +312,90 @@ def describe(case: Case) -> str:
     return (f"{batch.regime}, P={batch.pcp_size}, B={batch.block_size}: [" + ", ".join(parts)
             + "]" + ("; " + ", ".join(extra) if extra else ""))
 
+
+
+# --- reductions: hypothesis' shrink can stop in a local minimum (a case of 10 tokens where 7
+# show the bug); the search then tries these well-formed, strictly smaller variants greedily.
+
+def _fit_blocks(batch: Batch) -> Batch:
+    """Every request with exactly the blocks its positions need: its own blocks first, fresh
+    ones (above every block in use) when it needs more."""
+    span = batch.block_size * (batch.pcp_size if batch.regime == DCP else 1)
+    fresh = 1 + max((b for r in batch.requests for b in r.blocks), default=-1)
+    requests = []
+    for request in batch.requests:
+        needed = -(-(request.context_len + request.num_tokens) // span)
+        blocks = request.blocks[:needed]
+        extra = needed - len(blocks)
+        blocks += tuple(range(fresh, fresh + extra))
+        fresh += extra
+        requests.append(dataclasses.replace(request, blocks=blocks))
+    batch = dataclasses.replace(batch, requests=tuple(requests))
+    if batch.regime == DRAFT_MIXED:
+        batch = dataclasses.replace(batch, num_decode_tokens=kernel_decode_tokens(batch.requests))
+    return batch
+
+
+def _well_formed(batch: Batch) -> bool:
+    if batch.regime in DRAFT_REGIMES and any(r.num_tokens < 1 or r.prefilling for r in batch.requests):
+        return False
+    if batch.regime == DRAFT_MIXED and all(r.num_tokens <= DRAFT_DECODE_THRESHOLD
+                                           for r in batch.requests):
+        return False
+    if batch.regime == DCP and batch.block_size % batch.interleave:
+        return False
+    try:
+        reference.layout(batch)
+    except ValueError:
+        return False
+    return True
+
+
+def smaller(case: Case):
+    """Well-formed cases strictly smaller than `case`, most reducing first: fewer ranks, requests,
+    tokens, context, padding, tensors, a smaller block size."""
+    batch = case.batch
+    candidates = []
+    if batch.pcp_size > 2:
+        candidates.append(dataclasses.replace(batch, pcp_size=batch.pcp_size - 1))
+    for i, request in enumerate(batch.requests):
+        others = batch.requests[:i] + batch.requests[i + 1:]
+        candidates.append(dataclasses.replace(batch, requests=others))
+    for i, request in enumerate(batch.requests):
+        def with_request(**change):
+            changed = dataclasses.replace(request, **change)
+            return dataclasses.replace(batch, requests=batch.requests[:i] + (changed,)
+                                       + batch.requests[i + 1:])
+        if request.num_tokens > 0:
+            candidates.append(with_request(num_tokens=request.num_tokens - 1))
+        if request.context_len:
+            candidates.append(with_request(context_len=0))
+            candidates.append(with_request(context_len=request.context_len - 1))
+        if request.prefilling and request.num_tokens <= 3:
+            candidates.append(with_request(prefilling=False))
+    if batch.graph_size:
+        candidates.append(dataclasses.replace(batch, graph_size=0))
+        candidates.append(dataclasses.replace(batch, graph_size=batch.graph_size - 1))
+    if batch.dp_pad:
+        candidates.append(dataclasses.replace(batch, dp_pad=batch.dp_pad - 1))
+    if batch.pad_slot_map:
+        candidates.append(dataclasses.replace(batch, pad_slot_map=False))
+    for block_size in (1, 2, 4):
+        if block_size < batch.block_size:
+            candidates.append(dataclasses.replace(batch, block_size=block_size, interleave=1))
+    if batch.interleave > 1:
+        candidates.append(dataclasses.replace(batch, interleave=1))
+    ordered = sorted(b for r in batch.requests for b in r.blocks)
+    if ordered != list(range(len(ordered))):  # blocks renumbered 0.. in the same order
+        rename = {b: k for k, b in enumerate(ordered)}
+        candidates.append(dataclasses.replace(batch, requests=tuple(
+            dataclasses.replace(r, blocks=tuple(rename[b] for b in r.blocks)) for r in batch.requests)))
+    for candidate in candidates:
+        candidate = _fit_blocks(candidate)
+        if _well_formed(candidate):
+            yield Case(candidate, case.tensors)
+    if len(case.tensors) > 1:
+        for k in range(len(case.tensors)):
+            yield Case(batch, case.tensors[:k] + case.tensors[k + 1:])
+    if case.tensors != (TensorSpec((4,), "float32"),):
+        yield Case(batch, (TensorSpec((4,), "float32"),))

@@ -14,8 +14,8 @@ import torch
 import reference
 import spec.invariants as inv
 from pcpcheck.cases import Case, as_bytes, as_tensor, row_content
-from spec.names import (COLLECTIVE, INVARIANTS, LENGTH, NO_MUTATION, NO_ROW, PAD_HYGIENE,
-                        PAIRING, REPLICA, RETURNS, SHARD, UNIQUE)
+from spec.names import NO_ROW
+from spec.registry import Step, evaluate
 
 
 @dataclass
@@ -131,7 +131,7 @@ def observe(prepared: Prepared, rank: int, result) -> RankView:
                     output=result.output)
     specs = prepared.case.tensors
     if view.error is None and not incomplete(result.trace):
-        problem = _malformed(result.value, specs)
+        problem = _malformed(result.value, specs, torch.int64, result.input_device)
         if problem:
             view.error = f"returned {problem}"
         else:
@@ -173,8 +173,9 @@ def incomplete(trace) -> bool:
     return any(entry[0] == inv.INCOMPLETE for entry in trace)
 
 
-def _malformed(value, specs) -> str | None:
-    """Why a return value is not (tuple of tensors like the inputs, 1-D integer slot tensor)."""
+def _malformed(value, specs, slot_dtype: torch.dtype, device: str) -> str | None:
+    """Why a return value is not (tuple of tensors like the inputs, 1-D slot tensor of the input
+    map's dtype on its device): an int32 map for an int64 one is bug class 8 in its direct form."""
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         return f"{type(value).__name__}, not a pair (tensors, slot_mapping)"
     tensors, slots = value
@@ -186,50 +187,23 @@ def _malformed(value, specs) -> str | None:
         if tensor.dtype != spec.torch_dtype or tuple(tensor.shape[1:]) != spec.trailing:
             return (f"tensor {k} as {tensor.dtype} {tuple(tensor.shape)}; it went in as "
                     f"{spec.torch_dtype} (L, {', '.join(map(str, spec.trailing))})")
-    if not isinstance(slots, torch.Tensor) or slots.dim() != 1 or slots.dtype.is_floating_point \
-            or slots.dtype == torch.bool or slots.is_complex():
-        return f"slot_mapping as {type(slots).__name__} {getattr(slots, 'dtype', '')}, not a 1-D integer tensor"
+    if not isinstance(slots, torch.Tensor) or slots.dim() != 1:
+        return (f"slot_mapping as {type(slots).__name__} {getattr(slots, 'dtype', '')} "
+                f"{tuple(getattr(slots, 'shape', ()))}, not a 1-D tensor")
+    where = getattr(slots, "reported_device", str(slots.device))
+    if slots.dtype != slot_dtype or where != device:
+        return (f"slot_mapping as {slots.dtype} on {where}; it went in as {slot_dtype} "
+                f"on {device}")
     return None
 
 
 def judge(prepared: Prepared, views: list[RankView]) -> tuple[list[Violation], tuple[str, ...]]:
-    """Evaluate every applicable predicate; violations in priority order (spec.names.INVARIANTS)."""
-    failed: dict[str, list[int]] = {}
-
-    def require(invariant: str, holds: bool, rank: int) -> None:
-        if not holds:
-            failed.setdefault(invariant, []).append(rank)
-
-    ranks = range(prepared.size)
-    for rank, view in zip(ranks, views):
-        require(RETURNS, inv.returns([view.error]), rank)
-        require(NO_MUTATION, inv.no_input_mutation(view.inputs_before, view.inputs_after), rank)
-        require(LENGTH, inv.length_agreement(view.rows, view.slots), rank)
-        require(UNIQUE, inv.uniqueness(view.slots), rank)
-        owner = prepared.expected[rank]
-        for rows in view.rows:
-            require(PAD_HYGIENE, inv.pad_hygiene(rows, view.slots), rank)
-            require(PAIRING, inv.pairing(owner, rows, view.slots), rank)
-    traces = [view.trace for view in views]
-    if not inv.collective_agreement(traces):
-        common = max(traces, key=traces.count)  # blame the ranks that differ from the majority
-        failed[COLLECTIVE] = [r for r in ranks if traces[r] != common or incomplete(traces[r])]
-    sharded_cache = prepared.case.batch.dcp_size > 1
-    cache_invariant = SHARD if sharded_cache else REPLICA
-    for k in range(len(prepared.case.tensors)):
-        caches = [view.caches[k] for view in views]
-        holds = (inv.shard(prepared.expected, caches, _tokens(prepared)) if sharded_cache
-                 else inv.replica(prepared.expected[0], caches))
-        if not holds:
-            bad = [r for r in ranks if caches[r] != prepared.expected[r]]
-            failed[cache_invariant] = sorted(set(failed.get(cache_invariant, [])) | set(bad))
-    checked = tuple(i for i in INVARIANTS if i != (REPLICA if sharded_cache else SHARD))
-    violations = [Violation(i, sorted(set(failed[i]))) for i in INVARIANTS if i in failed]
-    return violations, checked
-
-
-def _tokens(prepared: Prepared) -> list[int]:
-    return [int(t) for t in prepared.labels if t >= 0]
+    """Evaluate every predicate of spec.registry that applies in the case's regime; violations in
+    priority order, and the IDs whose predicate actually ran on this case."""
+    step = Step(views, prepared.expected, [int(t) for t in prepared.labels if t >= 0],
+                len(prepared.case.tensors))
+    failed, ran = evaluate(step, prepared.case.batch.regime)
+    return [Violation(i, ranks) for i, ranks in failed.items()], ran
 
 
 def run_case(case: Case, target, backend) -> Observation:

@@ -23,7 +23,7 @@ from pcpcheck.engine import CheckerError, RegimeResult, search
 from pcpcheck.backends import make_backend
 from pcpcheck.backends.base import WorkerError
 from pcpcheck.loader import LoadError
-from spec.names import REGIMES
+from spec.names import DEFAULT_REGIMES, HAZARD_REGIMES, REGIMES
 
 EXIT_HOLDS, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
 DEFAULT_MAX_EXAMPLES = 3000
@@ -50,8 +50,10 @@ def _positive_int(text: str) -> int:
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--function", help="name of the gather function in the target file")
-    parser.add_argument("--regime", action="append", choices=REGIMES, metavar="REGIME",
-                        help=f"regime to check, repeatable (default: all of {', '.join(REGIMES)})")
+    parser.add_argument("--regime", action="append", choices=(*REGIMES, "all"), metavar="REGIME",
+                        help=f"regime to check, repeatable: {', '.join(REGIMES)}, or all "
+                             f"(default: {', '.join(DEFAULT_REGIMES)}; {', '.join(HAZARD_REGIMES)} "
+                             "is a hazard regime, checked only when named or with all)")
     parser.add_argument("--max-examples", type=_positive_int, default=DEFAULT_MAX_EXAMPLES,
                         help="cases drawn per regime (default %(default)s)")
     parser.add_argument("--max-ranks", type=int, default=8,
@@ -110,7 +112,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         raise UsageError(f"--max-ranks must be between 2 and 8, got {args.max_ranks}")
     if not 0 < args.timeout < float("inf"):  # nan fails both comparisons
         raise UsageError(f"--timeout must be positive and finite (seconds), got {args.timeout}")
-    args.regimes = tuple(dict.fromkeys(args.regime)) if args.regime else REGIMES
+    if not args.regime:
+        args.regimes = DEFAULT_REGIMES
+    elif "all" in args.regime:
+        args.regimes = REGIMES
+    else:
+        args.regimes = tuple(dict.fromkeys(args.regime))
     if getattr(args, "replay", None):  # a malformed case is a usage error before anything starts
         args.replay = replay_case(args.replay)
     if getattr(args, "backend", "threads") != "threads":
@@ -207,14 +214,25 @@ def _check(args, target, runner) -> int:
     print()
     print("\n".join(report.verdict_table(results)))
     counterexamples = [(r.regime, o, p) for r in results for o, p in zip(r.counterexamples, r.replays)]
-    for index, (regime, observation, replays) in enumerate(counterexamples, 1):
-        print(f"\nCounterexample {index}: "
-              + report.counterexample(observation, regime, target.source, args.function, replays))
+    into = report.fold([(regime, o) for regime, o, _ in counterexamples])
+    if counterexamples:
+        print("\n" + report.LEGEND)
+    for number, index in enumerate((k for k, host in enumerate(into) if host is None), 1):
+        regime, observation, replays = counterexamples[index]
+        print(f"\nCounterexample {number}: "
+              + report.counterexample(observation, regime, target.source, args.function,
+                                      target, replays))
+        folded = report.folded_line([(regime, o) for regime, o, _ in counterexamples], into, index)
+        if folded:
+            print(folded)
     written = _write_repros(args, target, counterexamples) if counterexamples else []
+    hazards = sum(regime in HAZARD_REGIMES for regime, _, _ in counterexamples)
     print(f"\nall regimes: {report.rates(*results)}: "
-          + (f"{len(counterexamples)} violation(s)" if counterexamples else "every invariant holds"))
+          + (f"{len(counterexamples)} violation(s), {into.count(None)} shown"
+             + (f", {hazards} in hazard regimes" if hazards else "")
+             if counterexamples else "every invariant holds"))
     if args.json:
-        _write_json(args.json, target, results, counterexamples, args.function, written)
+        _write_json(args.json, target, results, counterexamples, args.function, written, into)
     return EXIT_VIOLATION if counterexamples else EXIT_HOLDS
 
 
@@ -227,11 +245,12 @@ def _replay(args, target, runner) -> int:
                               violated=Counter(v.invariant for v in observation.violations))
         result.counterexamples = [observation] if observation.violations else []
         _write_json(args.json, target, [result], [(regime, o, None) for o in result.counterexamples],
-                    args.function, [])
+                    args.function, [], [None] * len(result.counterexamples))
     if not observation.violations:
         print(f"  replayed case holds: every invariant of {', '.join(observation.checked)}")
         return EXIT_HOLDS
-    print(report.counterexample(observation, regime, target.source, args.function))
+    print(report.counterexample(observation, regime, target.source, args.function, target))
+    print("\n" + report.LEGEND)
     return EXIT_VIOLATION
 
 
@@ -251,12 +270,13 @@ def _write_repros(args, target, counterexamples) -> list[str]:
             for regime, observation, _ in counterexamples]
 
 
-def _write_json(path, target, results, counterexamples, function, repros) -> None:
+def _write_json(path, target, results, counterexamples, function, repros, into) -> None:
     document = {
         "target": target.source,
         "verdict": "violated" if counterexamples else "holds",
         "regimes": {
             r.regime: {
+                "hazard": r.regime in HAZARD_REGIMES,
                 "cases": r.cases,
                 "seconds": round(r.seconds, 3),
                 "invariants": {i: {"checked": r.checked[i], "violated": r.violated[i]}
@@ -267,12 +287,14 @@ def _write_json(path, target, results, counterexamples, function, repros) -> Non
             "ranks": o.violations[0].ranks,
             "also_violated": [v.invariant for v in o.violations[1:]],
             "regime": regime,
+            "hazard": regime in HAZARD_REGIMES,
+            "folded_into": host,  # index of the shown counterexample it folds into, or null
             "case": json.loads(o.prepared.case.to_json()),
             "replay": report.replay_command(target.source, o, function),
             "flaky": ({"replays": p.runs, "reproduced": p.reproduced}
                       if p is not None and p.flaky else None),
-            "report": report.counterexample(o, regime, target.source, function, p),
-        } for regime, o, p in counterexamples],
+            "report": report.counterexample(o, regime, target.source, function, target, p),
+        } for (regime, o, p), host in zip(counterexamples, into)],
         "reproducers": repros,
     }
     with open(path, "w") as handle:

@@ -6,7 +6,7 @@ on the same case), and the report says so rather than presenting it as an ordina
 
 Each invariant gets its own exception class, so hypothesis treats violations of different
 invariants as different bugs and shrinks each to its own minimal case (report_multiple_bugs).
-A case is reported under the first invariant it violates (spec.names.INVARIANTS order).
+A case is reported under the first invariant it violates (spec.registry order).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 
-from pcpcheck.cases import Case, cases
+from pcpcheck.cases import Case, cases, smaller
 from pcpcheck.check import Observation, run_case
-from spec.names import INVARIANTS
+from spec.registry import IDS
 
 
 class InvariantViolated(Exception):
@@ -32,7 +32,7 @@ class InvariantViolated(Exception):
         super().__init__(f"{first.invariant} violated on rank(s) {first.ranks}")
 
 
-_VIOLATION_TYPES = {i: type(f"{i}Violated", (InvariantViolated,), {}) for i in INVARIANTS}
+_VIOLATION_TYPES = {i: type(f"{i}Violated", (InvariantViolated,), {}) for i in IDS}
 
 
 REPLAYS = 5  # runs of each counterexample's case after the search
@@ -107,7 +107,8 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
         raise
     except Exception as exc:  # noqa: BLE001 - a failure of pcpcheck itself, never a verdict
         raise CheckerError(f"pcpcheck failed while checking: {exc!r}") from exc
-    result.counterexamples.sort(key=lambda o: INVARIANTS.index(o.violations[0].invariant))
+    result.counterexamples = [_reduced(o, runner, target) for o in result.counterexamples]
+    result.counterexamples.sort(key=lambda o: IDS.index(o.violations[0].invariant))
     result.seconds = time.perf_counter() - started  # the search's rate: replays excluded
     result.replays = [replay(runner, target, o, REPLAYS) for o in result.counterexamples]
     return result
@@ -121,3 +122,24 @@ def replay(runner, target, observation: Observation, runs: int) -> Replays:
         violations = run_case(observation.prepared.case, target, runner).violations
         reproduced += bool(violations) and violations[0].invariant == invariant
     return Replays(runs, reproduced)
+
+
+def _reduced(observation: Observation, runner, target, budget: int = 400,
+             seconds: float = 60.0) -> Observation:
+    """The counterexample after greedy reductions (cases.smaller) that keep its first violated
+    invariant: hypothesis' shrink can stop in a local minimum. At most `budget` cases and
+    `seconds` (a hanging target costs its timeout per case)."""
+    invariant = observation.violations[0].invariant
+    deadline = time.perf_counter() + seconds
+    improved = True
+    while improved:
+        improved = False
+        for case in smaller(observation.prepared.case):
+            if budget <= 0 or time.perf_counter() > deadline:
+                return observation
+            budget -= 1
+            candidate = run_case(case, target, runner)
+            if candidate.violations and candidate.violations[0].invariant == invariant:
+                observation, improved = candidate, True
+                break
+    return observation

@@ -6,11 +6,12 @@ spec.names, never spec/ logic, impl/ or pcpcheck/.
 
 from reference.cache import expected_caches, write_cache
 from reference.gather import branch, gather
-from reference.layout import Layout, expand_slot_mapping, global_slots, layout
+from reference.layout import Layout, dcp_size, expand_slot_mapping, global_slots, layout
 
 __all__ = [
     "Layout",
     "branch",
+    "dcp_size",
     "expand_slot_mapping",
     "expected_caches",
     "gather",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from spec.names import Batch
-from reference.layout import _all_global_slots
+from reference.layout import _all_global_slots, dcp_size
 
 
 def write_cache(cache: np.ndarray, rows, slots) -> None:
@@ -51,7 +51,7 @@ def expected_caches(batch: Batch, slots=None) -> list:
     pp = batch.pcp_size
     out = []
     for r in range(pp):
-        s = per_dcp[r if batch.dcp_size > 1 else 0]
+        s = per_dcp[r if dcp_size(batch) > 1 else 0]
         tokens = np.flatnonzero(s >= 0).astype(np.int64)
         order = np.argsort(s[tokens], kind="stable")
         out.append((s[tokens][order], tokens[order]))

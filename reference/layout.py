@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spec.names import (
+    DCP,
     DRAFT,
     DRAFT_MIXED,
     DRAFT_REGIMES,
@@ -21,6 +22,11 @@ from spec.names import (
 )
 
 _I64 = np.int64
+
+
+def dcp_size(batch: Batch) -> int:
+    """D: the P ranks shard the KV cache in the dcp regime; elsewhere each holds a replica."""
+    return batch.pcp_size if batch.regime == DCP else 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,7 +72,7 @@ def _token_requests(batch: Batch):
 
 def _owner_and_slot(batch: Batch):
     """For every token: its DCP owner and its slot in the owner's cache (section 3)."""
-    bs, dd, il = batch.block_size, batch.dcp_size, batch.interleave
+    bs, dd, il = batch.block_size, dcp_size(batch), batch.interleave
     if bs <= 0 or dd <= 0 or il <= 0:
         raise ValueError("block_size, dcp size and interleave must be positive")
     _, _, req_of, pos = _token_requests(batch)
@@ -92,15 +98,15 @@ def _owner_and_slot(batch: Batch):
 
 def global_slots(batch: Batch, dcp_rank: int) -> np.ndarray:
     """Global slot mapping S as seen by DCP rank `dcp_rank` (N,), int64; -1 where not owned."""
-    if not 0 <= dcp_rank < batch.dcp_size:
-        raise ValueError(f"dcp_rank {dcp_rank} outside 0..{batch.dcp_size - 1}")
+    if not 0 <= dcp_rank < dcp_size(batch):
+        raise ValueError(f"dcp_rank {dcp_rank} outside 0..{dcp_size(batch) - 1}")
     owner, slot = _owner_and_slot(batch)
     return np.where(owner == dcp_rank, slot, PAD_SLOT_ID).astype(_I64, copy=False)
 
 
 def _all_global_slots(batch: Batch, slots) -> list:
     """S_d for every DCP rank d, from the formula or the caller's override."""
-    dd = batch.dcp_size
+    dd = dcp_size(batch)
     n = sum(r.num_tokens for r in batch.requests)
     if slots is None:
         owner, slot = _owner_and_slot(batch)
@@ -153,7 +159,7 @@ def layout(batch: Batch, slots=None) -> Layout:
         raise ValueError(f"unknown regime {batch.regime!r}")
     pp = batch.pcp_size
     two_p = 2 * pp
-    dd = batch.dcp_size
+    dd = dcp_size(batch)
     sharded = batch.regime == SHARDED
     # Segments (first token id, length, written?) per rank, decode rows first, then prefill rows;
     # each list is built in request order and, within a request, chunk-start order, which is the
@@ -250,7 +256,7 @@ def _draft_layout(batch: Batch, slots) -> Layout:
     """Replicated speculative step: every rank the same rows in batch order, unexpanded map."""
     if any(r.prefilling for r in batch.requests):
         raise ValueError("draft regimes hold decodes only (a request is prefilling)")
-    if batch.dcp_size != 1:
+    if dcp_size(batch) != 1:
         raise ValueError("draft regimes run with D = 1")
     if batch.dp_pad < 0:
         raise ValueError("dp_pad must be >= 0")

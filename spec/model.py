@@ -2,7 +2,7 @@
 
 Pure Python (ints, lists, loops) so CrossHair can execute it symbolically. Rows are labels: a
 real token's id (its global index in batch order, >= 0) or a negative label for a padding row
-(`spec.names.pad_label`); a row the kernel reads past the end of the rows is `NO_ROW`.
+(`pad_label`); a row the kernel reads past the end of the rows is `NO_ROW`.
 
 Sections refer to /work/shared/docs/pcp-semantics.md; SPEC.md states the invariants.
 """
@@ -17,6 +17,7 @@ from spec.names import (
     BRANCH_NO_DECODE,
     BRANCH_SHARDED,
     BRANCH_UNEXPANDED,
+    DCP,
     DRAFT,
     DRAFT_REGIMES,
     EXPANDED_REGIMES,
@@ -24,7 +25,6 @@ from spec.names import (
     PAD_SLOT_ID,
     SHARDED,
     Batch,
-    pad_label,
 )
 
 
@@ -43,6 +43,21 @@ class SpecLayout:
     shard: bool  # shard_decode_requests
 
 
+def dcp_size(batch: Batch) -> int:
+    """D: the KV cache is sharded over the P ranks in the dcp regime, else replicated (D = 1)."""
+    return batch.pcp_size if batch.regime == DCP else 1
+
+
+def shard_decode_requests(batch: Batch) -> bool:
+    """The gather's flag: decodes are dealt round-robin only in the sharded regime."""
+    return batch.regime == SHARDED
+
+
+def pad_label(rank: int, row: int, num_rows: int) -> int:
+    """Label of padding row `row` of rank `rank` (num_rows rows per rank): always negative."""
+    return -(1 + rank * num_rows + row)
+
+
 # ---------------------------------------------------------------------------------------------
 # Section 3: global slot mapping
 
@@ -50,14 +65,14 @@ class SpecLayout:
 def token_slot(batch: Batch, request_index: int, position: int, dcp_rank: int) -> int:
     """Slot of one token (sequence position `position` of a request) on DCP rank `dcp_rank`,
     PAD_SLOT_ID when another DCP rank owns it."""
-    dcp_size = batch.dcp_size
+    ranks = dcp_size(batch)
     block_size = batch.block_size
-    interleave = batch.interleave if dcp_size > 1 else 1
-    virtual_block = position // (block_size * dcp_size)
-    offset = position % (block_size * dcp_size)
-    if (offset // interleave) % dcp_size != dcp_rank:
+    interleave = batch.interleave if ranks > 1 else 1
+    virtual_block = position // (block_size * ranks)
+    offset = position % (block_size * ranks)
+    if (offset // interleave) % ranks != dcp_rank:
         return PAD_SLOT_ID
-    local = (offset // (interleave * dcp_size)) * interleave + offset % interleave
+    local = (offset // (interleave * ranks)) * interleave + offset % interleave
     if local >= block_size:  # interleave not dividing the block size: slots would collide
         raise ValueError(f"WF_SLOTS: interleave {interleave} does not divide block size {block_size}")
     blocks = batch.requests[request_index].blocks
@@ -83,7 +98,7 @@ def is_replicated(batch: Batch, num_tokens: int, prefilling: bool) -> bool:
     """Decodes always; under DCP also prefills too short to fill all 2P chunks (#56157)."""
     if not prefilling:
         return True
-    if batch.dcp_size <= 1:
+    if dcp_size(batch) <= 1:
         return False
     chunks = 2 * batch.pcp_size
     chunk_len = -(-num_tokens // chunks)
@@ -198,7 +213,7 @@ def layout(batch: Batch) -> SpecLayout:
     # Each rank expands the global map its own DCP rank computes (D = 1: all use DCP rank 0).
     slot_maps = []
     for rank in range(pcp_size):
-        slots = global_slots(batch, rank if batch.dcp_size > 1 else 0)
+        slots = global_slots(batch, rank if dcp_size(batch) > 1 else 0)
         slot_maps.append([slots[g] if m else PAD_SLOT_ID for g, m in zip(gidx, wmask)])
     return SpecLayout(
         width=width,
@@ -209,7 +224,7 @@ def layout(batch: Batch) -> SpecLayout:
         tokens=tokens,
         slot_maps=slot_maps,
         num_decode_tokens=nds,
-        shard=batch.shard_decode_requests,
+        shard=shard_decode_requests(batch),
     )
 
 
@@ -318,7 +333,7 @@ def expected_caches(batch: Batch) -> list[dict[int, int]]:
     replica); D > 1 rank r holds exactly the tokens its DCP rank owns."""
     caches = []
     for rank in range(batch.pcp_size):
-        dcp_rank = rank if batch.dcp_size > 1 else 0
+        dcp_rank = rank if dcp_size(batch) > 1 else 0
         slots = global_slots(batch, dcp_rank)
         caches.append({slot: token for token, slot in enumerate(slots) if slot >= 0})
     return caches

@@ -13,11 +13,8 @@ PAD_SLOT_ID = -1  # skipped by the cache-write kernel (test is `slot < 0`); slot
 
 # Row labels of the index-level view: a real token's label is its token id (>= 0).
 NO_ROW = -(2**31)  # an output row that is no input row, or a row that is missing
-
-
-def pad_label(rank: int, row: int, num_rows: int) -> int:
-    """Label of padding row `row` of rank `rank` (num_rows rows per rank): always negative."""
-    return -(1 + rank * num_rows + row)
+# A padding row's label is -(1 + r*L + j) for row j of rank r (L rows per rank): always
+# negative, distinct across ranks. Each statement computes it itself (spec.model.pad_label, ...).
 
 
 # Regimes a case is drawn from (pcp-semantics sections 2 and 5).
@@ -25,8 +22,13 @@ SHARDED = "sharded"  # D = 1, decodes dealt round-robin, gather called with shar
 REPLICATED = "replicated"  # D = 1, decode sharding off: decodes on every rank
 DCP = "dcp"  # D = P: KV cache sharded, each rank's expanded map holds only its own tokens
 DRAFT = "draft"  # replicated speculative step: unexpanded map, every real row a decode
-DRAFT_MIXED = "draft-mixed"  # same, but the kernel counts some real rows as prefill (nd < real)
+# Hazard (pcp-semantics sections 2, 9): a multi-token draft block (q >= 2) the kernel classifies
+# as prefill (decode threshold 1), so nd < real rows. Latent in vLLM 0.33.0, not live: opt-in.
+DRAFT_MIXED = "draft-mixed"
 REGIMES = (SHARDED, REPLICATED, DCP, DRAFT, DRAFT_MIXED)
+HAZARD_REGIMES = (DRAFT_MIXED,)  # checked only on request; their violations are tagged hazard
+DEFAULT_REGIMES = tuple(regime for regime in REGIMES if regime not in HAZARD_REGIMES)
+DRAFT_DECODE_THRESHOLD = 1  # draft-mixed: a request counts as a decode iff q <= this
 EXPANDED_REGIMES = (SHARDED, REPLICATED, DCP)
 DRAFT_REGIMES = (DRAFT, DRAFT_MIXED)
 
@@ -37,7 +39,8 @@ BRANCH_ALL_DECODE = "C"
 BRANCH_NO_DECODE = "D"
 BRANCH_MIXED = "E"
 
-# Invariant IDs (SPEC.md states each; spec/invariants.py holds each one's predicate).
+# Invariant IDs (SPEC.md states each; spec/registry.py maps each to its predicate, scope and
+# regimes, in reporting priority: a case is reported under the first ID it violates).
 RETURNS = "RETURNS"
 REPLICA = "REPLICA"
 SHARD = "SHARD"
@@ -47,8 +50,6 @@ UNIQUE = "UNIQUE"
 PAD_HYGIENE = "PAD_HYGIENE"
 COLLECTIVE = "COLLECTIVE"
 NO_MUTATION = "NO_MUTATION"
-# Reporting priority: a case is reported under the first ID it violates.
-INVARIANTS = (RETURNS, COLLECTIVE, NO_MUTATION, LENGTH, UNIQUE, PAD_HYGIENE, PAIRING, REPLICA, SHARD)
 
 # Precondition IDs: what makes a step well formed (a case violating one is not drawn).
 # WF_SLOTS: every real token has a distinct non-negative slot, owned by one DCP rank (dcp: the
@@ -74,7 +75,8 @@ class Batch:
     """A scheduler step as the PCP manager sees it.
 
     Token ids: the global token index in batch order (request order, then position), 0..N-1.
-    Every rank of a case sees the same Batch; D = P in the dcp regime, else 1.
+    Every rank of a case sees the same Batch; D = P in the dcp regime, else 1 (each statement
+    derives D and the shard flag from the regime itself).
     """
 
     regime: str
@@ -86,11 +88,3 @@ class Batch:
     dp_pad: int = 0  # draft regimes: tensor rows past the real count (data-parallel padding)
     pad_slot_map: bool = False  # draft regimes: unexpanded map padded with -1 to the row count
     num_decode_tokens: int | None = None  # draft-mixed: the kernel's nd (< real count); else derived
-
-    @property
-    def dcp_size(self) -> int:
-        return self.pcp_size if self.regime == DCP else 1
-
-    @property
-    def shard_decode_requests(self) -> bool:
-        return self.regime == SHARDED

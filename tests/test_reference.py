@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import reference as R
+from spec.model import pad_label  # the spec's statement of the label, to hold reference to
 from spec.names import (
     DCP,
     DRAFT,
@@ -17,7 +18,6 @@ from spec.names import (
     SHARDED,
     Batch,
     Request,
-    pad_label,
 )
 
 T, F = True, False
@@ -457,13 +457,14 @@ def test_end_to_end_layout_gather_write_matches_expected(regime):
         for r, (outs, slots) in enumerate(out):
             w = slots[slots >= 0]
             assert len(set(w.tolist())) == len(w)
-            cache = np.full((nblocks + 1, batch.block_size, 2, 3), -7, dtype=np.float16)
+            # Unwritten marker: a non-integer, so no row label (token id or padding) equals it.
+            cache = np.full((nblocks + 1, batch.block_size, 2, 3), 0.5, dtype=np.float16)
             R.write_cache(cache, outs[0], slots)
             flat = cache.reshape(-1, 6)
-            written = np.flatnonzero((flat != -7).any(axis=1))
+            written = np.flatnonzero((flat != 0.5).any(axis=1))
             exp_slots, exp_tokens = expected[r]
             assert written.tolist() == exp_slots.tolist()
             assert flat[written, 0].astype(np.int64).tolist() == exp_tokens.tolist()
-        if batch.dcp_size > 1:
+        if R.dcp_size(batch) > 1:
             owned = np.concatenate([t for _, t in expected])
             assert sorted(owned.tolist()) == list(range(sum(q.num_tokens for q in batch.requests)))

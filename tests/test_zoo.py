@@ -15,11 +15,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
 
 import reference
-from pcpcheck.cases import Case
+from pcpcheck.cases import TENSOR_SPECS, Case, TensorSpec, cases, kernel_decode_tokens, smaller
 from pcpcheck.cli import main
-from spec.names import COLLECTIVE, PAD_HYGIENE, REPLICA, RETURNS, UNIQUE
+from pcpcheck.engine import _reduced
+from pcpcheck.loader import load_target
+from pcpcheck.runner import ThreadRunner
+from spec.names import (COLLECTIVE, DCP, DEFAULT_REGIMES, DRAFT, DRAFT_MIXED, HAZARD_REGIMES,
+                        PAD_HYGIENE, REGIMES, REPLICA, REPLICATED, RETURNS, SHARDED, UNIQUE, Batch,
+                        Request)
+from spec.registry import pairs
 
 ZOO = Path(__file__).parent / "zoo"
 MAX_EXAMPLES = "300"
@@ -30,8 +37,9 @@ MAX_EXAMPLES = "300"
 # graph-padding row, or one decode plus a one-token prefill), so the size is asserted, not one
 # particular case.
 ZOO_CASES = [
-    # class 10: the early return keeps T[:nd]: one decode classified nd = 0 is never written.
-    ("upstream.py", "draft-mixed", REPLICA, (2, 1, 1)),
+    # class 10 (hazard): the early return keeps T[:nd]: a 2-token draft block the kernel
+    # classifies as prefill (nd = 0) is never written.
+    ("upstream.py", "draft-mixed", REPLICA, (2, 2, 2)),
     # class 2: no shard flag: the rank owning the one decode takes C (no collective), its peer D.
     ("legacy_no_shard.py", "sharded", COLLECTIVE, (2, 1, 1)),
     # class 1: branch E needs 0 < nd < L: a decode plus a padding row or a one-token prefill.
@@ -46,8 +54,8 @@ ZOO_CASES = [
     ("bug06_partial_expansion.py", "sharded", REPLICA, (2, 2, 2)),
     # class 7: two padding slots (or a padding slot next to the real slot 0) both aimed at 0.
     ("bug07_zero_pad.py", "sharded", UNIQUE, (2, 1, 1)),
-    # class 8: int64 slots read as int32: [0, -1] reads as [0, 0] (low, high word).
-    ("bug08_slot_dtype.py", "replicated", UNIQUE, (2, 2, 2)),
+    # class 8: int64 slots read as int32 and returned so: the map's dtype changed, even when empty.
+    ("bug08_slot_dtype.py", "replicated", RETURNS, (2, 0, 0)),
     # class 9: reshape(L, -1) with no rows at all: an empty step crashes.
     ("bug09_zero_rows_reshape.py", "replicated", RETURNS, (2, 0, 0)),
     # class 11: replicated decode copies unmasked in branch E (a decode plus a second row).
@@ -80,8 +88,11 @@ def test_zoo_bug_is_reported_with_its_invariant_and_minimal_case(filename, regim
     assert code == 1
     first = verdict["counterexamples"][0]
     assert (first["invariant"], first["regime"]) == (invariant, regime)
+    assert first["hazard"] is (regime in HAZARD_REGIMES)
     ranks, rows, tokens = _size(first["case"])
     assert ranks == minimal[0] and rows <= minimal[1] and tokens <= minimal[2], first["report"]
+    # a request scheduling nothing changes no layout: a smallest case has none left over
+    assert all(r["num_tokens"] > 0 for r in first["case"]["batch"]["requests"]), first["report"]
     assert first["replay"].startswith("pcpcheck check ")
     _assert_reproducer_fails(verdict["reproducers"][0], invariant)
 
@@ -96,9 +107,134 @@ def _assert_reproducer_fails(path: str, invariant: str) -> None:
         tests[0]()
 
 
+def _request(num_tokens: int, prefilling: bool, first_block: int, span: int) -> Request:
+    return Request(num_tokens, prefilling, 0, tuple(range(first_block, first_block + -(-num_tokens // span))))
+
+
+def _draft_mixed() -> Batch:
+    requests = (_request(1, False, 0, 1), _request(2, False, 1, 1))  # a decode, then a 2-token block
+    return Batch(DRAFT_MIXED, 3, requests, 1, num_decode_tokens=kernel_decode_tokens(requests))
+
+
+# One pinned case per regime, P = 3, at least two written slots on every rank
+# (tests/zoo/triggers.py); three ranks, so a rank that differs from the majority can be blamed.
+PINNED = {
+    SHARDED: Batch(SHARDED, 3, (_request(1, False, 0, 1), _request(4, True, 1, 1)), 1),
+    REPLICATED: Batch(REPLICATED, 3, (_request(1, False, 0, 1), _request(4, True, 1, 1)), 1),
+    DCP: Batch(DCP, 3, (_request(8, True, 0, 3),), 1),
+    DRAFT: Batch(DRAFT, 3, (_request(1, False, 0, 1), _request(2, False, 1, 1)), 1),
+    DRAFT_MIXED: _draft_mixed(),
+}
+
+
+@pytest.mark.parametrize("invariant, regime", pairs(), ids=[f"{i}-{r}" for i, r in pairs()])
+def test_every_invariant_fires_in_every_regime_it_applies_to(invariant, regime, capsys):
+    """Each (ID, regime) of spec.registry has a checker-level trigger reported under that exact ID:
+    `pcpcheck check tests/zoo/triggers.py --function fires_ID --replay PINNED_CASE`."""
+    case = Case(PINNED[regime], (TensorSpec((4,), "float32"),)).to_json()
+    code = main(["check", str(ZOO / "triggers.py"), "--function", f"fires_{invariant}",
+                 "--replay", case])
+    out = capsys.readouterr().out
+    assert code == 1, f"no trigger makes {invariant} fire in {regime}:\n{out}"
+    reported = out.splitlines()[2 if "stood in for" in out else 1]
+    # every rank breaks it, except COLLECTIVE: rank 0 alone issues one collective more
+    ranks = [0] if invariant == COLLECTIVE else [0, 1, 2]
+    hazard = " [hazard]" if regime in HAZARD_REGIMES else ""
+    assert reported.startswith(f"{invariant} violated{hazard} on rank(s) {ranks}"), out
+
+
+
+@pytest.mark.parametrize("function, message", [
+    ("returns_slots_on_meta", "slot_mapping as torch.int64 on meta; it went in as torch.int64 on cpu"),
+    ("returns_rows_as_int32", "tensor 0 as torch.int32 (6, 4); it went in as torch.float32 (L, 4)"),
+    ("returns_rows_reshaped", "tensor 0 as torch.float32 (6, 2, 2); it went in as torch.float32 (L, 4)"),
+    ("returns_one_tensor_less", "returned 1 tensor(s) for 2 input(s)"),
+])
+def test_outputs_unlike_the_inputs_break_returns_even_with_every_byte_right(function, message, capsys):
+    """Count, dtype, trailing shape and device are checked, not only the bytes."""
+    case = Case(PINNED[SHARDED], (TensorSpec((4,), "float32"),) * 2).to_json()
+    assert main(["check", str(ZOO / "triggers.py"), "--function", function, "--replay", case]) == 1
+    out = capsys.readouterr().out
+    assert "RETURNS violated on rank(s) [0, 1, 2]" in out and message in out, out
+
+
+@pytest.mark.parametrize("regime", list(PINNED))
+def test_pinned_cases_hold_for_the_correct_gather(regime):
+    """A trigger's case is one the correct gather passes: the violation is the trigger's."""
+    case = Case(PINNED[regime], (TensorSpec((4,), "float32"),)).to_json()
+    assert main(["check", str(ZOO / "correct.py"), "--replay", case]) == 0
+
+
+def test_counterexample_is_reduced_past_hypothesis_local_minimum():
+    """The search's greedy reductions (cases.smaller) take a large counterexample to the
+    smallest one showing the same first violation."""
+    target = load_target(str(ZOO / "bug05_rows_padded_after_map.py"))
+    large = Batch(SHARDED, 4, (_request(1, False, 0, 1), _request(9, True, 1, 1),
+                              Request(0, True, 3, (20,))), 4, graph_size=5)
+    runner = ThreadRunner()
+    observation = runner.observe_case(Case(large, TENSOR_SPECS[:3]), target)
+    assert observation.violations[0].invariant == PAD_HYGIENE
+    reduced = _reduced(observation, runner, target)
+    assert reduced.violations[0].invariant == PAD_HYGIENE
+    assert _size(json.loads(reduced.prepared.case.to_json())) == (2, 1, 2)
+    assert len(reduced.prepared.case.tensors) == 1
+
+
+def _measure(case: Case) -> tuple:
+    b = case.batch
+    return (b.pcp_size, len(b.requests), sum(r.num_tokens for r in b.requests),
+            sum(r.context_len for r in b.requests), sum(r.prefilling for r in b.requests),
+            b.graph_size, b.dp_pad, b.pad_slot_map, b.block_size, b.interleave, len(case.tensors),
+            case.tensors != (TensorSpec((4,), "float32"),))
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=cases(regimes=REGIMES))
+def test_reductions_are_well_formed_and_smaller(case):
+    """Each reduction is a well-formed step and strictly smaller: no measure grows, one shrinks
+    (or only the blocks are renumbered lower)."""
+    for reduced in smaller(case):
+        reference.layout(reduced.batch)  # raises on a malformed step
+        blocks = [b for r in reduced.batch.requests for b in r.blocks]
+        assert len(set(blocks)) == len(blocks)  # WF_SLOTS: distinct blocks
+        before, after = _measure(case), _measure(reduced)
+        assert all(a <= b for a, b in zip(after, before)), (case, reduced)
+        assert after != before or sorted(blocks) < sorted(b for r in case.batch.requests for b in r.blocks)
+
+
 def test_correct_zoo_gather_holds_everywhere(tmp_path):
     code, verdict = _check([ZOO / "correct.py"], tmp_path)
     assert (code, verdict["verdict"], verdict["counterexamples"]) == (0, "holds", [])
+
+
+def test_upstream_holds_by_default_and_fails_only_the_hazard_regime(tmp_path, capsys):
+    """vLLM's own behaviour (class 10 latent): the default run passes; draft-mixed, run by name or
+    with `--regime all`, fails tagged hazard."""
+    code, verdict = _check([ZOO / "upstream.py"], tmp_path)
+    assert (code, list(verdict["regimes"])) == (0, list(DEFAULT_REGIMES))
+    code, verdict = _check([ZOO / "upstream.py", "--regime", "all"], tmp_path)
+    assert (code, list(verdict["regimes"])) == (1, list(REGIMES))
+    assert [(c["regime"], c["hazard"]) for c in verdict["counterexamples"]] == [(DRAFT_MIXED, True)]
+    assert "REPLICA violated [hazard]" in capsys.readouterr().out
+
+
+def test_report_folds_one_bug_and_explains_its_notation_once(tmp_path, capsys):
+    code, verdict = _check([ZOO / "bug12_token_major.py"], tmp_path)
+    out = capsys.readouterr().out
+    shown = [c for c in verdict["counterexamples"] if c["folded_into"] is None]
+    assert code == 1 and len(shown) < len(verdict["counterexamples"])
+    assert out.count("Counterexample ") == len(shown) and "folded: " in out
+    assert out.count("How to read this report") == 1 and "B = block size" in out
+
+
+def test_call_line_shows_what_the_target_was_called_with(capsys):
+    case = Case(PINNED[SHARDED], (TensorSpec((4,), "float32"),)).to_json()
+    assert main(["check", str(ZOO / "legacy_no_shard.py"), "--replay", case]) == 1
+    out = capsys.readouterr().out
+    assert "call: _gather_prefill_cache_inputs(tensors, slot_mapping, nd) (no shard_decode_requests" in out
+    assert main(["check", str(ZOO / "bug03_nd_ownership.py"), "--replay", case]) == 1
+    assert ("call: _gather_prefill_cache_inputs(tensors, slot_mapping, nd, shard_decode_requests=True)"
+            in capsys.readouterr().out)
 
 
 def test_legacy_gather_passes_replicated_and_fails_sharded_with_two_ranks(tmp_path):

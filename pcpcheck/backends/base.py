@@ -48,6 +48,7 @@ class RankResult:
     value: object = None  # rebuilt by the driver: tuples, lists, plain tensors, stand-ins
     inputs_after: list[bytes] | None = None  # None: unknown (the rank never reported)
     poisoned: bool = False  # its process group failed: the pool must be replaced
+    input_device: str = "cpu"  # where the rank's inputs were (outputs must be there too)
 
 
 class Backend:
@@ -124,7 +125,8 @@ def case_message(prepared, target: TargetInfo, ranks) -> tuple[dict, list]:
 def decode_rank(result: dict, blobs: list) -> RankResult:
     """A worker's report of one rank, decoded by the driver from plain data."""
     rank = RankResult(error=_text(result.get("error")), error_detail=_text(result.get("error_detail")),
-                      output=str(result.get("output") or ""), poisoned=bool(result.get("poisoned")))
+                      output=str(result.get("output") or ""), poisoned=bool(result.get("poisoned")),
+                      input_device=str(result.get("input_device", "cpu"))[:40])
     for entry in result.get("trace") or []:
         rank.trace.append(tuple(tuple(item) if isinstance(item, list) else item for item in entry))
     try:

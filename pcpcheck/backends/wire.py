@@ -7,7 +7,8 @@ sends is untrusted, and the driver only ever parses JSON and copies bytes.
 Tensors leave the worker as (dtype name, shape, raw bytes), read through torch's base-class
 functions captured when this module is imported, before any target is loaded, with torch
 function overrides disabled: a Tensor subclass whose methods lie cannot change what is read.
-The driver rebuilds plain tensors from those bytes itself (`decode_value`).
+The driver rebuilds plain CPU tensors from those bytes itself (`decode_value`), each tagged
+with the device the worker found it on (`reported_device`).
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ _detach, _cpu, _contiguous, _reshape, _view = (_TensorBase.detach, _TensorBase.c
                                                _TensorBase.view)
 _resolve_conj, _resolve_neg, _numpy = _TensorBase.resolve_conj, _TensorBase.resolve_neg, _TensorBase.numpy
 _dtype_of = _TensorBase.dtype.__get__
+_device_of = _TensorBase.device.__get__
 _size_of = _TensorBase.size
 _no_overrides = torch._C.DisableTorchFunction
 _Tensor = torch.Tensor
@@ -161,7 +163,10 @@ def encode_value(value, blobs: list, depth: int = 0):
     if _isinstance(value, _Tensor):
         dtype, shape, content = tensor_bytes(value)
         blobs.append(content)
-        return {"t": "tensor", "dtype": dtype, "shape": shape, "blob": _len(blobs) - 1}
+        with _no_overrides():
+            device = _str(_device_of(_as_subclass(value, _Tensor)))
+        return {"t": "tensor", "dtype": dtype, "shape": shape, "blob": _len(blobs) - 1,
+                "device": device}
     if depth < 2 and _isinstance(value, (_tuple, _list)):
         kind = "tuple" if _isinstance(value, _tuple) else "list"
         items = _list((_tuple_iter if kind == "tuple" else _list_iter)(value))
@@ -201,7 +206,9 @@ def decode_value(tree, blobs):
     empty instance of a class of the same name (what judging needs to name it)."""
     kind = tree.get("t") if isinstance(tree, dict) else None
     if kind == "tensor":
-        return tensor_from_bytes(tree["dtype"], tree["shape"], blobs[tree["blob"]])
+        tensor = tensor_from_bytes(tree["dtype"], tree["shape"], blobs[tree["blob"]])
+        tensor.reported_device = str(tree.get("device"))[:40]  # rebuilt on the CPU; where it was
+        return tensor
     if kind in ("tuple", "list"):
         items = [decode_value(item, blobs) for item in tree["items"]]
         return tuple(items) if kind == "tuple" else items

@@ -142,7 +142,8 @@ def _trace_entry(entry) -> list:
 def encode_rank(rank: int, outcome: RankOutcome, inputs, output: str, blobs: list) -> dict:
     """One rank's result as plain data (tensors' bytes appended to blobs)."""
     result = {"rank": rank, "error": outcome.error, "error_detail": outcome.error_detail,
-              "trace": [_trace_entry(e) for e in outcome.trace], "output": output, "value": None}
+              "trace": [_trace_entry(e) for e in outcome.trace], "output": output, "value": None,
+              "input_device": str(inputs[1].device)}
     if outcome.error is None:
         try:
             result["value"] = wire.encode_value(outcome.value, blobs)

@@ -1,0 +1,125 @@
+"""The invariant registry: every ID of SPEC.md with its predicate, scope and regimes.
+
+The judge (pcpcheck.check.judge), the verdict table and the SPEC-ID tests iterate REGISTRY; its
+order is the reporting priority (a case is reported under the first ID it violates). Adding an
+invariant is one entry here, one predicate in spec/invariants.py and one section in SPEC.md.
+
+An entry reads its predicate's arguments from an index-level observation of one case (`Step`):
+plain data, the fields SPEC.md's "What is observable" lists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from spec import invariants as inv
+from spec.names import (COLLECTIVE, DCP, LENGTH, NO_MUTATION, PAD_HYGIENE, PAIRING, REGIMES,
+                        REPLICA, RETURNS, SHARD, UNIQUE)
+
+# Scopes: what one evaluation of the predicate covers.
+PER_RANK = "per rank"  # once per rank: (step, rank)
+PER_TENSOR = "per tensor"  # once per rank and returned tensor: (step, rank, tensor)
+GLOBAL = "global"  # once per case: (step,)
+GLOBAL_PER_TENSOR = "global per tensor"  # once per tensor over every rank: (step, tensor)
+
+
+@dataclass
+class Step:
+    """One case at the index level. ranks[r] has: error (str | None), returned (bool), rows (per
+    tensor, labels), slots, caches (per tensor, slot -> label), trace, inputs_before/after.
+    expected[r]: slot -> token rank r must hold; tokens: every real token id."""
+
+    ranks: list[Any]
+    expected: list[dict[int, int]]
+    tokens: list[int]
+    num_tensors: int
+
+
+def _caches(step: Step, tensor: int) -> list[dict[int, int]]:
+    return [view.caches[tensor] for view in step.ranks]
+
+
+def _cache_differs(step: Step, tensor: int) -> list[int]:
+    return [r for r, cache in enumerate(_caches(step, tensor)) if cache != step.expected[r]]
+
+
+def _trace_differs(step: Step) -> list[int]:
+    """The ranks whose trace differs from the majority's or never completed."""
+    traces = [view.trace for view in step.ranks]
+    common = max(traces, key=traces.count)
+    return [r for r, trace in enumerate(traces)
+            if trace != common or any(entry[0] == inv.INCOMPLETE for entry in trace)]
+
+
+@dataclass(frozen=True)
+class Invariant:
+    id: str
+    predicate: Callable[..., bool]
+    scope: str
+    regimes: tuple[str, ...]
+    arguments: Callable[..., tuple]  # (step, *unit) -> the predicate's arguments
+    needs_output: bool = False  # evaluated only on ranks whose call returned well-formed outputs
+    blame: Callable[..., list[int]] | None = None  # global scopes: the ranks at fault
+
+
+_D1 = tuple(regime for regime in REGIMES if regime != DCP)  # every rank holds a full replica
+
+REGISTRY: tuple[Invariant, ...] = (
+    Invariant(RETURNS, inv.returns, PER_RANK, REGIMES,
+              lambda step, r: ([step.ranks[r].error],)),
+    Invariant(COLLECTIVE, inv.collective_agreement, GLOBAL, REGIMES,
+              lambda step: ([view.trace for view in step.ranks],), blame=_trace_differs),
+    Invariant(NO_MUTATION, inv.no_input_mutation, PER_RANK, REGIMES,
+              lambda step, r: (step.ranks[r].inputs_before, step.ranks[r].inputs_after)),
+    Invariant(LENGTH, inv.length_agreement, PER_RANK, REGIMES,
+              lambda step, r: (step.ranks[r].rows, step.ranks[r].slots), needs_output=True),
+    Invariant(UNIQUE, inv.uniqueness, PER_RANK, REGIMES,
+              lambda step, r: (step.ranks[r].slots,), needs_output=True),
+    Invariant(PAD_HYGIENE, inv.pad_hygiene, PER_TENSOR, REGIMES,
+              lambda step, r, k: (step.ranks[r].rows[k], step.ranks[r].slots), needs_output=True),
+    Invariant(PAIRING, inv.pairing, PER_TENSOR, REGIMES,
+              lambda step, r, k: (step.expected[r], step.ranks[r].rows[k], step.ranks[r].slots),
+              needs_output=True),
+    Invariant(REPLICA, inv.replica, GLOBAL_PER_TENSOR, _D1,
+              lambda step, k: (step.expected[0], _caches(step, k)), blame=_cache_differs),
+    Invariant(SHARD, inv.shard, GLOBAL_PER_TENSOR, (DCP,),
+              lambda step, k: (step.expected, _caches(step, k), step.tokens), blame=_cache_differs),
+)
+
+IDS = tuple(entry.id for entry in REGISTRY)
+BY_ID = {entry.id: entry for entry in REGISTRY}
+
+
+def applicable(regime: str) -> tuple[Invariant, ...]:
+    """The entries that apply in a regime, in priority order."""
+    return tuple(entry for entry in REGISTRY if regime in entry.regimes)
+
+
+def pairs() -> list[tuple[str, str]]:
+    """Every (ID, regime) where the ID applies: each needs a trigger that makes it fire."""
+    return [(entry.id, regime) for entry in REGISTRY for regime in entry.regimes]
+
+
+def evaluate(step: Step, regime: str) -> tuple[dict[str, list[int]], tuple[str, ...]]:
+    """Run every applicable predicate on the step: (ID -> ranks violating it, IDs that ran)."""
+    failed: dict[str, set[int]] = {}
+    ran: list[str] = []
+    ranks = range(len(step.ranks))
+    for entry in applicable(regime):
+        if entry.scope in (PER_RANK, PER_TENSOR):
+            tensors = range(step.num_tensors) if entry.scope == PER_TENSOR else (None,)
+            units = [(r, k) for r in ranks for k in tensors
+                     if step.ranks[r].returned or not entry.needs_output]
+            for r, k in units:
+                unit = (r,) if k is None else (r, k)
+                if not entry.predicate(*entry.arguments(step, *unit)):
+                    failed.setdefault(entry.id, set()).add(r)
+        else:
+            units = [()] if entry.scope == GLOBAL else [(k,) for k in range(step.num_tensors)]
+            for unit in units:
+                if not entry.predicate(*entry.arguments(step, *unit)):
+                    failed.setdefault(entry.id, set()).update(entry.blame(step, *unit))
+        if units:
+            ran.append(entry.id)
+    return {i: sorted(failed[i]) for i in IDS if i in failed}, tuple(ran)
