@@ -351,9 +351,15 @@ def _well_formed(batch: Batch) -> bool:
     return True
 
 
+def _width(batch: Batch) -> int:
+    """Rows per rank (W) of an expanded step."""
+    return int(reference.layout(batch).width)
+
+
 def smaller(case: Case):
     """Well-formed cases strictly smaller than `case`, most reducing first: fewer ranks, requests,
-    tokens, context, padding, tensors, a smaller block size."""
+    tokens (also at the same width W, graph padding keeping the rows a bug needs), context,
+    padding, tensors, a smaller block size; never a wider rank (W)."""
     batch = case.batch
     candidates = []
     if batch.pcp_size > 2:
@@ -367,7 +373,10 @@ def smaller(case: Case):
             return dataclasses.replace(batch, requests=batch.requests[:i] + (changed,)
                                        + batch.requests[i + 1:])
         if request.num_tokens > 0:
-            candidates.append(with_request(num_tokens=request.num_tokens - 1))
+            fewer = with_request(num_tokens=request.num_tokens - 1)
+            candidates.append(fewer)
+            if batch.regime not in DRAFT_REGIMES:  # one token less at the same rank width W
+                candidates.append(dataclasses.replace(fewer, graph_size=_width(batch)))
         if request.context_len:
             candidates.append(with_request(context_len=0))
             candidates.append(with_request(context_len=request.context_len - 1))
@@ -390,9 +399,11 @@ def smaller(case: Case):
         rename = {b: k for k, b in enumerate(ordered)}
         candidates.append(dataclasses.replace(batch, requests=tuple(
             dataclasses.replace(r, blocks=tuple(rename[b] for b in r.blocks)) for r in batch.requests)))
+    expanded = batch.regime not in DRAFT_REGIMES
+    width = _width(batch) if expanded else 0
     for candidate in candidates:
         candidate = _fit_blocks(candidate)
-        if _well_formed(candidate):
+        if _well_formed(candidate) and (not expanded or _width(candidate) <= width):
             yield Case(candidate, case.tensors)
     if len(case.tensors) > 1:
         for k in range(len(case.tensors)):

@@ -187,6 +187,9 @@ def _malformed(value, specs, slot_dtype: torch.dtype, device: str) -> str | None
         if tensor.dtype != spec.torch_dtype or tuple(tensor.shape[1:]) != spec.trailing:
             return (f"tensor {k} as {tensor.dtype} {tuple(tensor.shape)}; it went in as "
                     f"{spec.torch_dtype} (L, {', '.join(map(str, spec.trailing))})")
+        where = getattr(tensor, "reported_device", str(tensor.device))
+        if where != device:
+            return f"tensor {k} on {where}; it went in on {device}"
     if not isinstance(slots, torch.Tensor) or slots.dim() != 1:
         return (f"slot_mapping as {type(slots).__name__} {getattr(slots, 'dtype', '')} "
                 f"{tuple(getattr(slots, 'shape', ()))}, not a 1-D tensor")

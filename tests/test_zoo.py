@@ -19,10 +19,10 @@ from hypothesis import given, settings
 
 import reference
 from pcpcheck.cases import TENSOR_SPECS, Case, TensorSpec, cases, kernel_decode_tokens, smaller
+from pcpcheck.backends import make_backend
+from pcpcheck.check import run_case
 from pcpcheck.cli import main
 from pcpcheck.engine import _reduced
-from pcpcheck.loader import load_target
-from pcpcheck.runner import ThreadRunner
 from spec.names import (COLLECTIVE, DCP, DEFAULT_REGIMES, DRAFT, DRAFT_MIXED, HAZARD_REGIMES,
                         PAD_HYGIENE, REGIMES, REPLICA, REPLICATED, RETURNS, SHARDED, UNIQUE, Batch,
                         Request)
@@ -168,13 +168,13 @@ def test_pinned_cases_hold_for_the_correct_gather(regime):
 def test_counterexample_is_reduced_past_hypothesis_local_minimum():
     """The search's greedy reductions (cases.smaller) take a large counterexample to the
     smallest one showing the same first violation."""
-    target = load_target(str(ZOO / "bug05_rows_padded_after_map.py"))
     large = Batch(SHARDED, 4, (_request(1, False, 0, 1), _request(9, True, 1, 1),
                               Request(0, True, 3, (20,))), 4, graph_size=5)
-    runner = ThreadRunner()
-    observation = runner.observe_case(Case(large, TENSOR_SPECS[:3]), target)
-    assert observation.violations[0].invariant == PAD_HYGIENE
-    reduced = _reduced(observation, runner, target)
+    with make_backend("threads") as backend:
+        target = backend.load(str(ZOO / "bug05_rows_padded_after_map.py"))
+        observation = run_case(Case(large, TENSOR_SPECS[:3]), target, backend)
+        assert observation.violations[0].invariant == PAD_HYGIENE
+        reduced = _reduced(observation, backend, target)
     assert reduced.violations[0].invariant == PAD_HYGIENE
     assert _size(json.loads(reduced.prepared.case.to_json())) == (2, 1, 2)
     assert len(reduced.prepared.case.tensors) == 1
@@ -184,15 +184,16 @@ def _measure(case: Case) -> tuple:
     b = case.batch
     return (b.pcp_size, len(b.requests), sum(r.num_tokens for r in b.requests),
             sum(r.context_len for r in b.requests), sum(r.prefilling for r in b.requests),
-            b.graph_size, b.dp_pad, b.pad_slot_map, b.block_size, b.interleave, len(case.tensors),
+            reference.layout(b).width, b.dp_pad, b.pad_slot_map, b.block_size, b.interleave,
+            len(case.tensors),
             case.tensors != (TensorSpec((4,), "float32"),))
 
 
 @settings(max_examples=200, deadline=None)
 @given(case=cases(regimes=REGIMES))
 def test_reductions_are_well_formed_and_smaller(case):
-    """Each reduction is a well-formed step and strictly smaller: no measure grows, one shrinks
-    (or only the blocks are renumbered lower)."""
+    """Each reduction is a well-formed step and strictly smaller: no measure grows (the rank
+    width W, not the graph size), one shrinks (or only the blocks are renumbered lower)."""
     for reduced in smaller(case):
         reference.layout(reduced.batch)  # raises on a malformed step
         blocks = [b for r in reduced.batch.requests for b in r.blocks]

@@ -161,12 +161,17 @@ def tensor_bytes(tensor) -> tuple[str, list[int], bytes]:
 def encode_value(value, blobs: list, depth: int = 0):
     """A JSON tree of a returned value; tensors' bytes appended to `blobs`."""
     if _isinstance(value, _Tensor):
+        with _no_overrides():
+            device = _device_of(_as_subclass(value, _Tensor))
+        if device.type == "meta":  # no data to read: its description alone (RETURNS names it)
+            with _no_overrides():
+                plain = _as_subclass(value, _Tensor)
+                dtype, shape = _str(_dtype_of(plain)), [int(n) for n in _size_of(plain)]
+            return {"t": "tensor", "dtype": dtype, "shape": shape, "blob": None, "device": "meta"}
         dtype, shape, content = tensor_bytes(value)
         blobs.append(content)
-        with _no_overrides():
-            device = _str(_device_of(_as_subclass(value, _Tensor)))
         return {"t": "tensor", "dtype": dtype, "shape": shape, "blob": _len(blobs) - 1,
-                "device": device}
+                "device": _str(device)}
     if depth < 2 and _isinstance(value, (_tuple, _list)):
         kind = "tuple" if _isinstance(value, _tuple) else "list"
         items = _list((_tuple_iter if kind == "tuple" else _list_iter)(value))
@@ -180,16 +185,23 @@ def encode_value(value, blobs: list, depth: int = 0):
 def tensor_from_bytes(dtype_name: str, shape, content: bytes) -> torch.Tensor:
     """A plain CPU tensor; ValueError if the parts do not describe one."""
     dtype, itemsize = _dtype_by_name(dtype_name)
-    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
-        raise ValueError(f"bad shape {shape!r}")
-    numel = 1
-    for n in shape:
-        numel *= n
+    numel = _numel(shape)
     if numel * itemsize != len(content):
         raise ValueError(f"{len(content)} bytes for {dtype_name} {tuple(shape)}")
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(bytearray(content), dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def _numel(shape) -> int:
+    if not isinstance(shape, list) or not all(type(n) is int and 0 <= n < 1 << 40 for n in shape):
+        raise ValueError(f"bad shape {shape!r}")
+    numel = 1
+    for n in shape:
+        numel *= n
+    if numel > MAX_MESSAGE:
+        raise ValueError(f"bad shape {shape!r}")
+    return numel
 
 
 @functools.lru_cache(maxsize=None)
@@ -206,7 +218,12 @@ def decode_value(tree, blobs):
     empty instance of a class of the same name (what judging needs to name it)."""
     kind = tree.get("t") if isinstance(tree, dict) else None
     if kind == "tensor":
-        tensor = tensor_from_bytes(tree["dtype"], tree["shape"], blobs[tree["blob"]])
+        blob = tree.get("blob")
+        content = blobs[blob] if blob is not None else None
+        if content is None:  # a meta tensor: shape and dtype only
+            dtype, itemsize = _dtype_by_name(tree["dtype"])
+            content = bytes(itemsize * _numel(tree["shape"]))
+        tensor = tensor_from_bytes(tree["dtype"], tree["shape"], content)
         tensor.reported_device = str(tree.get("device"))[:40]  # rebuilt on the CPU; where it was
         return tensor
     if kind in ("tuple", "list"):
