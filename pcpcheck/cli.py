@@ -11,24 +11,21 @@ Exit codes: 0 every invariant holds (diff: no difference), 1 a violation (diff: 
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import os
 import sys
 
 from pcpcheck import report
+from pcpcheck.api import (DEFAULT_MAX_EXAMPLES, EXIT_HOLDS, EXIT_USAGE, EXIT_VIOLATION,
+                          UsageError, check, default_world_sizes, make_runner, version)
 from pcpcheck.cases import Case
-from pcpcheck.engine import CheckerError, search
+from pcpcheck.engine import CheckerError
 from pcpcheck.loader import LoadError, load_target
-from pcpcheck.procs import DeviceThreadRunner, ProcessRunner, WorkerError
-from pcpcheck.runner import ThreadRunner
+from pcpcheck.procs import WorkerError
 from spec.names import REGIMES
 
-EXIT_HOLDS, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
-DEFAULT_MAX_EXAMPLES = 3000
-
-
-class UsageError(Exception):
-    """Bad arguments: one line, exit 2."""
+__all__ = ["main", "parse", "run_check", "UsageError", "LoadError", "CheckerError",
+           "EXIT_HOLDS", "EXIT_VIOLATION", "EXIT_USAGE"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -57,7 +54,18 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="random seed (default: derandomized, repeatable)")
     parser.add_argument("--timeout", type=float, default=10.0,
                         help="seconds a rank may take for one case before it counts as hung")
-    parser.add_argument("--json", metavar="FILE", help="write the verdict as JSON for CI")
+    parser.add_argument("--json", metavar="FILE",
+                        help="write the result as JSON (schema: docs/json-schema.md)")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text}")
+    return value
 
 
 def _world_sizes(text: str) -> tuple[int, ...]:
@@ -83,6 +91,7 @@ def _add_backend(parser: argparse.ArgumentParser) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pcpcheck", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"pcpcheck {version()}")
     commands = parser.add_subparsers(dest="command", parser_class=_Parser)
     check = commands.add_parser("check", help="check a gather implementation against the spec")
     check.add_argument("target", nargs="?", default="impl",
@@ -91,6 +100,16 @@ def _parser() -> argparse.ArgumentParser:
     _add_backend(check)
     check.add_argument("--repro-dir", metavar="DIR",
                        help="write a standalone pytest reproducer per violation into DIR")
+    check.add_argument("--budget", type=_positive_float, metavar="SECONDS",
+                       help="wall-clock limit across all regimes; the report says how many "
+                            "cases each regime reached")
+    check.add_argument("--junit", metavar="FILE",
+                       help="write a JUnit XML report: one test case per regime x invariant")
+    check.add_argument("--html", metavar="DIR",
+                       help="write a page per counterexample and a summary page into DIR")
+    check.add_argument("--baseline", metavar="FILE",
+                       help="known violations, one 'REGIME INVARIANT' per line (# comments): "
+                            "they do not fail the run; listed ones no longer found are reported")
     check.add_argument("--replay", metavar="CASE_JSON",
                        help="judge this one case (as printed in a counterexample's replay line)")
     diff = commands.add_parser("diff", help="compare two versions of the gather on the same cases")
@@ -101,57 +120,25 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    if not argv or argv[0] not in ("check", "diff", "-h", "--help"):
+    if not argv or argv[0] not in ("check", "diff", "-h", "--help", "--version"):
         argv = ["check", *argv]
     args = _parser().parse_args(argv)
-    if not 2 <= args.max_ranks <= 8:
-        raise UsageError(f"--max-ranks must be between 2 and 8, got {args.max_ranks}")
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be positive, got {args.timeout}")
     args.regimes = tuple(dict.fromkeys(args.regime)) if args.regime else REGIMES
-    if getattr(args, "backend", "threads") != "threads":
-        _check_process_backend(args)
+    if args.command == "check":
+        args.world_sizes = default_world_sizes(args.backend, args.world_sizes, args.device)
     return args
 
 
-def _check_process_backend(args) -> None:
-    import torch
-    if args.device != "cpu":
-        raise UsageError(f"--device {args.device} is for --backend threads ({args.backend} "
-                         "ranks use " + ("cuda:rank" if args.backend == "nccl" else "the CPU") + ")")
-    gpus = torch.cuda.device_count() if args.backend == "nccl" else 0
-    if args.backend == "nccl":
-        if gpus < 2:
-            raise UsageError(f"--backend nccl needs at least 2 GPUs, found {gpus}")
-        if args.world_sizes and max(args.world_sizes) > gpus:
-            raise UsageError(f"--backend nccl: world size {max(args.world_sizes)} needs "
-                             f"{max(args.world_sizes)} GPUs, found {gpus}")
-    if not args.world_sizes:
-        args.world_sizes = (2, 4) if args.backend == "gloo" else tuple(sorted({2, min(gpus, 8)}))
-
-
-def make_runner(args):
-    """The backend of `--backend` (and `--device`), started before the search."""
-    backend = getattr(args, "backend", "threads")
-    if backend == "threads":
-        if getattr(args, "device", "cpu") != "cpu":
-            try:
-                return DeviceThreadRunner(timeout=args.timeout, device=args.device)
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
-        return ThreadRunner(timeout=args.timeout)
-    runner = ProcessRunner(backend, timeout=args.timeout)
-    if not args.replay:
-        try:
-            runner.start(args.world_sizes)
-        except BaseException:
-            runner.close()
-            raise
-    return runner
+def cache_dir() -> str:
+    """Where pcpcheck keeps hypothesis's files: never the caller's working directory."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "pcpcheck")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    from hypothesis.configuration import set_hypothesis_home_dir
+    set_hypothesis_home_dir(os.path.join(cache_dir(), "hypothesis"))
     try:
         args = parse(argv)
         if args.command == "diff":
@@ -173,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`pcpcheck | head`): nothing left to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
         return EXIT_USAGE
-    except OSError as exc:  # --json or --repro-dir not writable
+    except OSError as exc:
         print(f"pcpcheck: cannot write {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -182,92 +169,127 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_check(args, runner=None) -> int:
-    """Check a target; `runner` given (torchrun's rank 0) is used as is, else `make_runner`."""
-    target = load_target(args.target, args.function)
-    if runner is not None:
-        return _check(args, target, runner)
-    runner = make_runner(args)
-    try:
-        return _check(args, target, runner)
-    finally:
-        runner.close()
-
-
-def _check(args, target, runner) -> int:
-    print(f"pcpcheck: checking {target.name}"
-          + (f" ({args.backend}, world sizes {','.join(map(str, args.world_sizes))})"
-             if getattr(args, "backend", "threads") != "threads" else ""))
-    if target.stand_ins:
-        print(f"  stood in for: {', '.join(target.stand_ins)}")
+    """Check a target; `runner` given (torchrun's rank 0) is used as is, else the API starts one.
+    Output paths are checked first; a write that fails after the run never hides the verdict."""
+    check_outputs(args)
     if args.replay:
-        return _replay(args, target, runner)
-    results = []
-    for regime in args.regimes:
-        result = search(target, regime, runner, max_examples=args.max_examples,
-                        max_ranks=args.max_ranks, derandomize=args.seed is None, seed=args.seed,
-                        pcp_sizes=getattr(args, "world_sizes", None))
-        results.append(result)
-        print(f"  {regime:<12} {report.rates(result)}  "
-              f"{'VIOLATED' if result.counterexamples else 'holds'}", flush=True)
+        return _replay(args, runner)
+    from pcpcheck.progress import LinePrinter
+    result = check(args.target, regimes=args.regimes, max_examples=args.max_examples,
+                   max_ranks=args.max_ranks, seed=args.seed, budget_s=args.budget,
+                   backend=args.backend, baseline=args.baseline, function=args.function,
+                   timeout=args.timeout, world_sizes=args.world_sizes, device=args.device,
+                   progress=LinePrinter(), runner=runner)
+    print_report(result)
+    write_outputs(args, result)
+    return result.exit_code
+
+
+def print_report(result) -> None:
     print()
-    print("\n".join(report.verdict_table(results)))
-    counterexamples = [(r.regime, o) for r in results for o in r.counterexamples]
-    for index, (regime, observation) in enumerate(counterexamples, 1):
-        print(f"\nCounterexample {index}: "
-              + report.counterexample(observation, regime, target.source, args.function))
-    written = _write_repros(args, target, counterexamples) if counterexamples else []
-    print(f"\nall regimes: {report.rates(*results)}: "
-          + (f"{len(counterexamples)} violation(s)" if counterexamples else "every invariant holds"))
-    if args.json:
-        _write_json(args.json, target, results, counterexamples, args.function, written)
-    return EXIT_VIOLATION if counterexamples else EXIT_HOLDS
+    print("\n".join(report.verdict_table(result.regimes)))
+    for index, counterexample in enumerate(result.counterexamples, 1):
+        known = " (known: in the baseline)" if counterexample.known else ""
+        print(f"\nCounterexample {index}{known}: {counterexample.report}")
+    new, known = len(result.new_violations), len(result.counterexamples) - len(result.new_violations)
+    summary = f"{new} violation(s)" if new else "every invariant holds"
+    if known:
+        summary += f", {known} known violation(s) from the baseline"
+    print(f"\nall regimes: {report.rates(*result.regimes)}: {summary}")
+    cut = [f"{s.regime} {s.cases}" for s in result.regimes if s.budget_reached]
+    if cut:
+        print(f"budget of {result.options.budget_s:g} s reached; cases per regime: " + ", ".join(
+            f"{s.regime} {s.cases}" for s in result.regimes))
+    if result.baseline and result.baseline.fixed:
+        print(f"no longer found, remove from {result.baseline.path}: " + "; ".join(
+            f"{regime} {invariant}" for regime, invariant in result.baseline.fixed))
 
 
-def _replay(args, target, runner) -> int:
+_OUTPUT_FILES = ("json", "junit")
+_OUTPUT_DIRS = ("html", "repro_dir")
+
+
+def check_outputs(args) -> None:
+    """Every output path usable, before the run: UsageError (exit 2) names the first that is not."""
+    for name in _OUTPUT_FILES + _OUTPUT_DIRS:
+        path = getattr(args, name, None)
+        if not path:
+            continue
+        option = "--" + name.replace("_", "-")
+        is_dir = name in _OUTPUT_DIRS
+        if os.path.exists(path):
+            if os.path.isdir(path) != is_dir:
+                raise UsageError(f"{option} {path}: " + ("not a directory" if is_dir else "is a directory"))
+            if not os.access(path, os.W_OK):
+                raise UsageError(f"{option} {path}: not writable")
+            continue
+        parent = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(parent):
+            if not is_dir:
+                raise UsageError(f"{option} {path}: directory {parent} does not exist")
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+            raise UsageError(f"{option} {path}: cannot create it in {parent}")
+
+
+def write_outputs(args, result) -> None:
+    """Write each output asked for; say why any failed, and that the verdict stands."""
+    failed = 0
+
+    def attempt(path, write):
+        nonlocal failed
+        try:
+            return write()
+        except OSError as exc:
+            failed += 1
+            print(f"pcpcheck: cannot write {exc.filename or path}: {exc.strerror or exc}",
+                  file=sys.stderr)
+
+    if getattr(args, "repro_dir", None) and result.counterexamples:
+        from pcpcheck.repro import write_reproducers
+        written = attempt(args.repro_dir, lambda: write_reproducers(args.repro_dir, result))
+        result = dataclasses.replace(result, reproducers=tuple(written or ()))
+    if getattr(args, "html", None):
+        from pcpcheck.html import write_html
+        attempt(args.html, lambda: write_html(args.html, result))
+    if getattr(args, "json", None):
+        attempt(args.json, lambda: _write_text(args.json, result.to_json()))
+    if getattr(args, "junit", None):
+        from pcpcheck.junit import junit_xml
+        attempt(args.junit, lambda: _write_text(args.junit, junit_xml(result)))
+    if failed:
+        print(f"pcpcheck: the verdict above stands (exit {result.exit_code}); {failed} "
+              "output(s) not written", file=sys.stderr)
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def _replay(args, runner) -> int:
     try:
         case = Case.from_json(args.replay)
     except (ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"--replay is not a case printed by pcpcheck: {exc}") from None
-    observation = runner.observe_case(case, target)
+    target = load_target(args.target, args.function)
+    print(f"pcpcheck: checking {target.name}")
+    if target.stand_ins:
+        print(f"  stood in for: {', '.join(target.stand_ins)}")
+    own = runner is None
+    if own:
+        runner = make_runner(args.backend, timeout=args.timeout, world_sizes=args.world_sizes,
+                             device=args.device, start=False)
+    try:
+        observation = runner.observe_case(case, target)
+    finally:
+        if own:
+            runner.close()
     if not observation.violations:
         print(f"  replayed case holds: every invariant of {', '.join(observation.checked)}")
         return EXIT_HOLDS
     print(report.counterexample(observation, case.batch.regime, target.source, args.function))
     return EXIT_VIOLATION
-
-
-def _write_repros(args, target, counterexamples) -> list[str]:
-    if not getattr(args, "repro_dir", None):
-        return []
-    from pcpcheck.repro import write_reproducer
-    return [write_reproducer(args.repro_dir, target, regime, observation, args.function)
-            for regime, observation in counterexamples]
-
-
-def _write_json(path, target, results, counterexamples, function, repros) -> None:
-    document = {
-        "target": target.source,
-        "verdict": "violated" if counterexamples else "holds",
-        "regimes": {
-            r.regime: {
-                "cases": r.cases,
-                "seconds": round(r.seconds, 3),
-                "invariants": {i: {"checked": r.checked[i], "violated": r.violated[i]}
-                               for i in r.checked},
-            } for r in results},
-        "counterexamples": [{
-            "invariant": o.violations[0].invariant,
-            "ranks": o.violations[0].ranks,
-            "also_violated": [v.invariant for v in o.violations[1:]],
-            "regime": regime,
-            "case": json.loads(o.prepared.case.to_json()),
-            "replay": report.replay_command(target.source, o, function),
-            "report": report.counterexample(o, regime, target.source, function),
-        } for regime, o in counterexamples],
-        "reproducers": repros,
-    }
-    with open(path, "w") as handle:
-        json.dump(document, handle, indent=2)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,11 @@ class CheckerError(Exception):
     """pcpcheck itself failed (not the target): a bug to report, never a verdict."""
 
 
+class _BudgetReached(BaseException):
+    """Raised at the start of a case once the deadline has passed: a BaseException, so
+    hypothesis neither shrinks nor reports it but unwinds at once."""
+
+
 @dataclass
 class RegimeResult:
     regime: str
@@ -44,16 +49,21 @@ class RegimeResult:
     counterexamples: list[Observation] = field(default_factory=list)  # shrunk, one per invariant
     seconds: float = 0.0  # wall time of the whole search
     check_seconds: float = 0.0  # of which running and judging cases (drawing excluded)
+    budget_reached: bool = False  # the deadline stopped the search early
 
 
 def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8,
-           derandomize: bool = True, seed: int | None = None, pcp_sizes=None) -> RegimeResult:
+           derandomize: bool = True, seed: int | None = None, pcp_sizes=None,
+           deadline: float | None = None, on_case=None) -> RegimeResult:
     """Check `target` on up to max_examples drawn cases of one regime, shrinking violations.
 
     `runner` is any backend with `observe_case(case, target) -> Observation` (threads, processes).
     `pcp_sizes` restricts the world sizes drawn (a process backend's pools); default 2..max_ranks.
+    `deadline` (time.monotonic()): stop there; each invariant is then reported with the smallest
+    violating case seen so far (shrinking may be cut short). `on_case(result)` after every case.
     """
     result = RegimeResult(regime)
+    smallest: dict[str, Observation] = {}  # per first invariant, for a search the deadline ends
 
     @settings(max_examples=max_examples, deadline=None, database=None, derandomize=derandomize,
               report_multiple_bugs=True, verbosity=Verbosity.quiet, print_blob=False,
@@ -61,13 +71,20 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
               suppress_health_check=list(HealthCheck))
     @given(case=cases(regimes=(regime,), max_ranks=max_ranks, pcp_sizes=pcp_sizes))
     def check(case: Case) -> None:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise _BudgetReached
         started = time.perf_counter()
         observation = runner.observe_case(case, target)
         result.check_seconds += time.perf_counter() - started
         result.cases += 1
         result.checked.update(observation.checked)
         result.violated.update(v.invariant for v in observation.violations)
+        if on_case is not None:
+            on_case(result)
         if observation.violations:
+            first = observation.violations[0].invariant
+            if first not in smallest or _size(observation) < _size(smallest[first]):
+                smallest[first] = observation
             raise _VIOLATION_TYPES[observation.violations[0].invariant](observation)
 
     if seed is not None and not derandomize:
@@ -75,6 +92,9 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
     started = time.perf_counter()
     try:
         check()
+    except _BudgetReached:
+        result.budget_reached = True
+        result.counterexamples = list(smallest.values())
     except InvariantViolated as exc:
         result.counterexamples.append(exc.observation)
     except BaseExceptionGroup as group:  # several invariants, each shrunk on its own
@@ -90,3 +110,10 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
     result.seconds = time.perf_counter() - started
     result.counterexamples.sort(key=lambda o: INVARIANTS.index(o.violations[0].invariant))
     return result
+
+
+def _size(observation: Observation) -> tuple:
+    """Hypothesis's shrink order, roughly: fewer ranks, requests, tokens, then shorter JSON."""
+    case = observation.prepared.case
+    return (case.batch.pcp_size, len(case.batch.requests),
+            sum(r.num_tokens for r in case.batch.requests), len(case.to_json()))
