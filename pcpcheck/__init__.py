@@ -1,0 +1,39 @@
+"""pcpcheck: holds an implementation of vLLM's context-parallel KV-cache gather to the spec.
+
+    import pcpcheck
+    result = pcpcheck.check("path/to/pcp.py", regimes=("sharded",), budget_s=60)
+    assert result.holds, [c.report for c in result.new_violations]
+
+The public surface is what this module exports; everything else may move. Names load on first
+use, so importing the package (as pytest does for the plugin) costs nothing.
+"""
+
+_EXPORTS = {
+    "check": "pcpcheck.api",
+    "replay": "pcpcheck.api",
+    "diff": "pcpcheck.diff",
+    "CheckResult": "pcpcheck.api",
+    "Counterexample": "pcpcheck.api",
+    "RegimeSummary": "pcpcheck.api",
+    "Verdict": "pcpcheck.api",
+    "DiffResult": "pcpcheck.diff",
+    "UsageError": "pcpcheck.api",
+    "LoadError": "pcpcheck.loader",
+    "CheckerError": "pcpcheck.engine",
+    "WorkerError": "pcpcheck.procs",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'pcpcheck' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -115,7 +115,14 @@ class RankWorld:
         self._case: _Case | None = None
         self._groups = [RankGroup(self, rank) for rank in range(size)]
         _install_output_capture()
-        threading.Thread(target=self._serve, daemon=True, name=f"pcpcheck-ranks-{size}").start()
+        self._thread = threading.Thread(target=self._serve, daemon=True, name=f"pcpcheck-ranks-{size}")
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End an idle runner thread (a broken one is stuck in a target: left to the daemon)."""
+        if not self.broken:
+            self._jobs.put(None)
+            self._thread.join()
 
     # driver side -------------------------------------------------------------------------
     def run(self, per_rank_fn, timeout: float) -> list[RankOutcome]:
@@ -141,8 +148,8 @@ class RankWorld:
 
     # runner thread ---------------------------------------------------------------------------
     def _serve(self) -> None:
-        while True:
-            per_rank_fn, case, done = self._jobs.get()
+        while (job := self._jobs.get()) is not None:
+            per_rank_fn, case, done = job
             self._case = case
             self._schedule(per_rank_fn, case)
             done.set()
@@ -230,7 +237,10 @@ class ThreadRunner:
         return run_case(case, target, self)
 
     def close(self) -> None:
-        """Nothing to release: runner threads are daemons and idle between cases."""
+        """End the idle runner threads (the runner stays usable: worlds are made on demand)."""
+        worlds, self._worlds = self._worlds, {}
+        for world in worlds.values():
+            world.stop()
 
     def run(self, size: int, per_rank_fn) -> list[RankOutcome]:
         world = self._worlds.get(size)
