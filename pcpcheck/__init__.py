@@ -8,6 +8,9 @@ The public surface is what this module exports; everything else may move. Names 
 use, so importing the package (as pytest does for the plugin) costs nothing.
 """
 
+import sys
+import types
+
 _EXPORTS = {
     "check": "pcpcheck.api",
     "replay": "pcpcheck.api",
@@ -37,3 +40,22 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(set(globals()) | set(__all__))
+
+
+class _Package(type(sys.modules[__name__])):
+    """`pcpcheck.check` is the API function, although a submodule `pcpcheck.check` (the judging
+    of one case) exists: importing that submodule would bind the package attribute to it, so
+    the attribute ignores that binding. The submodule stays importable by its full name
+    (`from pcpcheck.check import Observation`)."""
+
+    @property
+    def check(self):
+        return __getattr__("check")
+
+    @check.setter
+    def check(self, value):
+        if not isinstance(value, types.ModuleType):
+            globals()["check"] = value
+
+
+sys.modules[__name__].__class__ = _Package
