@@ -129,16 +129,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def cache_dir() -> str:
-    """Where pcpcheck keeps hypothesis's files: never the caller's working directory."""
+def use_cache_dir() -> None:
+    """Hypothesis's files (its constants cache, any database) go to $XDG_CACHE_HOME/pcpcheck,
+    never the caller's working directory. Commands only: the API leaves a host suite's alone."""
+    from hypothesis.configuration import set_hypothesis_home_dir
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "pcpcheck")
+    set_hypothesis_home_dir(os.path.join(base, "pcpcheck", "hypothesis"))
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from hypothesis.configuration import set_hypothesis_home_dir
-    set_hypothesis_home_dir(os.path.join(cache_dir(), "hypothesis"))
     try:
         args = parse(argv)
         if args.command == "diff":
@@ -172,6 +172,7 @@ def run_check(args, runner=None) -> int:
     """Check a target; `runner` given (torchrun's rank 0) is used as is, else the API starts one.
     Output paths are checked first; a write that fails after the run never hides the verdict."""
     check_outputs(args)
+    use_cache_dir()
     if args.replay:
         return _replay(args, runner)
     from pcpcheck.progress import LinePrinter
@@ -196,8 +197,7 @@ def print_report(result) -> None:
     if known:
         summary += f", {known} known violation(s) from the baseline"
     print(f"\nall regimes: {report.rates(*result.regimes)}: {summary}")
-    cut = [f"{s.regime} {s.cases}" for s in result.regimes if s.budget_reached]
-    if cut:
+    if any(s.budget_reached for s in result.regimes):
         print(f"budget of {result.options.budget_s:g} s reached; cases per regime: " + ", ".join(
             f"{s.regime} {s.cases}" for s in result.regimes))
     if result.baseline and result.baseline.fixed:

@@ -165,8 +165,9 @@ def diff(old, new, *, regimes=REGIMES, max_examples: int = DEFAULT_MAX_EXAMPLES,
 
 def run_diff(args) -> int:
     """`pcpcheck diff`: print as each regime ends; --json after the verdict, never masking it."""
-    from pcpcheck.cli import check_outputs, write_outputs
+    from pcpcheck.cli import check_outputs, use_cache_dir, write_outputs
     check_outputs(args)
+    use_cache_dir()
     print(f"pcpcheck diff: old {args.old}, new {args.new}")
 
     def show(regime: RegimeDiff) -> None:
