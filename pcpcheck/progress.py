@@ -38,7 +38,7 @@ class LinePrinter(Progress):
         violations = sum(result.violated.values())
         rate = result.cases / (now - started) if now > started else 0.0
         self.stream.write(f"\r\x1b[K  {regime:<12} {result.cases:>6} cases  {rate:5.0f} cases/s  "
-                          f"{violations} violating case(s) so far")
+                          f"{violations} violation(s) so far")
         self.stream.flush()
 
     def finished(self, summary) -> None:

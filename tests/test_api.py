@@ -97,9 +97,7 @@ def test_json_document_follows_the_documented_schema(upstream_result):
     assert (counterexample["regime"], counterexample["invariant"], counterexample["ranks"]) == \
         (DRAFT_MIXED, REPLICA, [0, 1])
     assert counterexample["violations"][0] == {"invariant": REPLICA, "ranks": [0, 1]}
-    stood_in = json.loads(pcpcheck.check(ROOT / "tests" / "zoo" / "upstream.py", regimes=(SHARDED,),
-                                         max_examples=5).to_json())["stand_ins"]
-    assert stood_in == list(pcpcheck.check(UPSTREAM, regimes=(SHARDED,), max_examples=5).stand_ins)
+    assert document["stand_ins"] == ["vllm.distributed.parallel_state.get_pcp_group"]  # its import
     # the checker itself: a wrong document is caught
     broken = dict(document, verdict="maybe")
     del broken["options"]["seed"]
@@ -206,7 +204,7 @@ def test_progress_is_live_on_a_terminal_and_silent_otherwise():
     live, piped = io.StringIO(), io.StringIO()
     pcpcheck.check("impl", regimes=(REPLICATED,), max_examples=20, progress=LinePrinter(live, live=True))
     pcpcheck.check("impl", regimes=(REPLICATED,), max_examples=20, progress=LinePrinter(piped))
-    assert re.search(r"\r\x1b\[K  replicated +\d+ cases +\d+ cases/s  0 violating", live.getvalue())
+    assert re.search(r"\r\x1b\[K  replicated +\d+ cases +\d+ cases/s  0 violation", live.getvalue())
     assert "\r" not in piped.getvalue() and "replicated" in piped.getvalue()
 
 
