@@ -85,7 +85,7 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
             first = observation.violations[0].invariant
             if first not in smallest or _size(observation) < _size(smallest[first]):
                 smallest[first] = observation
-            raise _VIOLATION_TYPES[observation.violations[0].invariant](observation)
+            raise _VIOLATION_TYPES[first](observation)
 
     if seed is not None and not derandomize:
         check = hypothesis_seed(seed)(check)

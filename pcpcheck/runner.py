@@ -122,7 +122,7 @@ class RankWorld:
         """End an idle runner thread (a broken one is stuck in a target: left to the daemon)."""
         if not self.broken:
             self._jobs.put(None)
-            self._thread.join()
+            self._thread.join(timeout=5)
 
     # driver side -------------------------------------------------------------------------
     def run(self, per_rank_fn, timeout: float) -> list[RankOutcome]:
