@@ -192,6 +192,14 @@ def gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_
 """
 
 
+def test_budget_line_of_the_report_gives_the_cases_per_regime(capsys):
+    assert cli.main(["check", "--regime", SHARDED, "--regime", REPLICATED,
+                     "--max-examples", "1000000", "--budget", "1"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"budget of 1 s reached; cases per regime: {SHARDED} \d+, {REPLICATED} \d+", out)
+    assert out.count("(budget reached)") == 2
+
+
 def test_budget_keeps_the_violations_found_before_it_ran_out(tmp_path):
     target = tmp_path / "slow.py"
     target.write_text(SLOW_AND_WRONG)
