@@ -1,30 +1,437 @@
-"""Python entry points for scripts and generated reproducers."""
+"""pcpcheck's Python API: `check` a target in every regime, `replay` one case.
+
+    result = pcpcheck.check("path/to/pcp.py", regimes=("sharded",), budget_s=60)
+    result.holds, result.exit_code, result.counterexamples, result.to_json()
+
+The command line (`pcpcheck.cli`) and the pytest plugin are thin layers over `check`.
+A CheckResult is immutable and round-trips through JSON (`docs/json-schema.md`); the live
+`Observation` of each counterexample (for `--html`) rides along in memory only.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
 
 from pcpcheck import report
+from pcpcheck.baseline import Baseline, load_baseline
 from pcpcheck.cases import Case
-from pcpcheck.backends import make_backend
+from pcpcheck.backends import BACKENDS, make_backend
+from pcpcheck.backends.base import WorkerError
 from pcpcheck.check import run_case
+from pcpcheck.engine import CheckerError, RegimeResult, Replays, search
+from pcpcheck.loader import LoadError
+from spec.names import DEFAULT_REGIMES, HAZARD_REGIMES, REGIMES
+from spec.registry import IDS
+
+SCHEMA_VERSION = 1
+DEFAULT_MAX_EXAMPLES = 3000
+EXIT_HOLDS, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
 
 
-@dataclass
+class UsageError(ValueError):
+    """Bad options: one line (the CLI exits 2)."""
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+    try:
+        return dist_version("pcpcheck")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+# --- the result ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Options:
+    regimes: tuple[str, ...]
+    max_examples: int
+    max_ranks: int
+    seed: int | None
+    budget_s: float | None
+    backend: str
+    world_sizes: tuple[int, ...] | None
+    device: str
+    timeout: float
+    function: str | None
+    baseline: str | None
+
+
+@dataclass(frozen=True)
+class InvariantCount:
+    invariant: str
+    checked: int  # cases on which it was evaluated
+    violated: int  # of which it failed
+
+
+@dataclass(frozen=True)
+class RegimeSummary:
+    regime: str
+    cases: int
+    seconds: float
+    check_seconds: float  # running and judging alone (drawing and shrinking excluded)
+    invariants: tuple[InvariantCount, ...]
+    budget_reached: bool  # stopped by --budget before max_examples
+
+    @property
+    def checked(self) -> dict[str, int]:
+        return {c.invariant: c.checked for c in self.invariants}
+
+    @property
+    def violated(self) -> dict[str, int]:
+        return {c.invariant: c.violated for c in self.invariants if c.violated}
+
+    def count(self, invariant: str) -> InvariantCount:
+        return next((c for c in self.invariants if c.invariant == invariant),
+                    InvariantCount(invariant, 0, 0))
+
+
+@dataclass(frozen=True)
+class ViolationRecord:
+    invariant: str
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Counterexample:
+    regime: str
+    violations: tuple[ViolationRecord, ...]  # the first is what the case is reported under
+    case: str  # Case JSON: `pcpcheck check TARGET --replay CASE`
+    replay: str  # that command line
+    report: str  # the text report
+    known: bool  # listed in the baseline
+    hazard: bool = False  # found in a hazard regime (spec.names.HAZARD_REGIMES)
+    flaky: tuple[int, int] | None = None  # (replays, how many showed it) when not all did
+    folded_into: int | None = None  # index of the shown counterexample that also shows it
+    observation: object = field(default=None, compare=False, repr=False)  # in memory only
+
+    @property
+    def invariant(self) -> str:
+        return self.violations[0].invariant
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return self.violations[0].ranks
+
+
+@dataclass(frozen=True)
+class BaselineOutcome:
+    path: str
+    known: tuple[tuple[str, str], ...]  # (regime, invariant) listed and found again
+    fixed: tuple[tuple[str, str], ...]  # listed, regime checked, no longer found: shrink the file
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    version: str
+    target: str  # as given (a path, module:function, impl)
+    target_name: str
+    stand_ins: tuple[str, ...]  # vllm names the loader stood in for
+    options: Options
+    regimes: tuple[RegimeSummary, ...]
+    counterexamples: tuple[Counterexample, ...]
+    baseline: BaselineOutcome | None = None
+    reproducers: tuple[str, ...] = ()  # files written by --repro-dir
+    schema: int = SCHEMA_VERSION
+
+    @property
+    def new_violations(self) -> tuple[Counterexample, ...]:
+        return tuple(c for c in self.counterexamples if not c.known)
+
+    @property
+    def holds(self) -> bool:
+        """No violation outside the baseline."""
+        return not self.new_violations
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_HOLDS if self.holds else EXIT_VIOLATION
+
+    def outcome(self, regime: str, invariant: str) -> tuple[str, Counterexample | None]:
+        """One regime x invariant: ("passed" | "failed" | "known" | "n/a", its counterexample).
+        An invariant violated only alongside an earlier one cites that case."""
+        summary = next(s for s in self.regimes if s.regime == regime)
+        count = summary.count(invariant)
+        if not count.checked:
+            return "n/a", None
+        if not count.violated:
+            return "passed", None
+        cases = [c for c in self.counterexamples if c.regime == regime]
+        cited = next((c for c in cases if c.invariant == invariant), None) or next(
+            (c for c in cases if any(v.invariant == invariant for v in c.violations)), None)
+        known = cited is not None and cited.known and cited.invariant == invariant
+        return ("known" if known else "failed"), cited
+
+    @property
+    def verdict(self) -> str:
+        return "holds" if self.holds else "violated"
+
+    def to_json(self) -> str:
+        """The document of docs/json-schema.md."""
+        return json.dumps({
+            "schema": self.schema, "tool": "pcpcheck", "version": self.version,
+            "verdict": self.verdict, "target": self.target, "target_name": self.target_name,
+            "stand_ins": list(self.stand_ins), "options": asdict(self.options),
+            "regimes": {s.regime: {
+                "cases": s.cases, "seconds": s.seconds, "check_seconds": s.check_seconds,
+                "budget_reached": s.budget_reached,
+                "invariants": {c.invariant: {"checked": c.checked, "violated": c.violated}
+                               for c in s.invariants}} for s in self.regimes},
+            "counterexamples": [{
+                "regime": c.regime, "invariant": c.invariant, "ranks": list(c.ranks),
+                "violations": [{"invariant": v.invariant, "ranks": list(v.ranks)}
+                               for v in c.violations],
+                "known": c.known, "hazard": c.hazard,
+                "flaky": None if c.flaky is None else {"replays": c.flaky[0], "reproduced": c.flaky[1]},
+                "folded_into": c.folded_into, "case": json.loads(c.case), "replay": c.replay,
+                "report": c.report} for c in self.counterexamples],
+            "baseline": None if self.baseline is None else {
+                "path": self.baseline.path, "known": [list(e) for e in self.baseline.known],
+                "fixed": [list(e) for e in self.baseline.fixed]},
+            "reproducers": list(self.reproducers),
+        }, indent=2)
+
+    @staticmethod
+    def from_json(text: str) -> "CheckResult":
+        data = json.loads(text)
+        if data.get("schema") != SCHEMA_VERSION:
+            raise ValueError(f"result schema {data.get('schema')!r}; this pcpcheck reads {SCHEMA_VERSION}")
+        options = data["options"]
+        sizes = options["world_sizes"]
+        baseline = data["baseline"]
+        return CheckResult(
+            version=data["version"], target=data["target"], target_name=data["target_name"],
+            stand_ins=tuple(data["stand_ins"]),
+            options=Options(**{**options, "regimes": tuple(options["regimes"]),
+                               "world_sizes": None if sizes is None else tuple(sizes)}),
+            regimes=tuple(RegimeSummary(
+                regime, r["cases"], r["seconds"], r["check_seconds"],
+                tuple(InvariantCount(i, c["checked"], c["violated"])
+                      for i, c in r["invariants"].items()), r["budget_reached"])
+                for regime, r in data["regimes"].items()),
+            counterexamples=tuple(Counterexample(
+                regime=c["regime"],
+                violations=tuple(ViolationRecord(v["invariant"], tuple(v["ranks"]))
+                                 for v in c["violations"]),
+                case=json.dumps(c["case"], separators=(",", ":")), replay=c["replay"],
+                report=c["report"], known=c["known"], hazard=c["hazard"],
+                flaky=None if c["flaky"] is None else (c["flaky"]["replays"], c["flaky"]["reproduced"]),
+                folded_into=c["folded_into"]) for c in data["counterexamples"]),
+            baseline=None if baseline is None else BaselineOutcome(
+                baseline["path"], tuple(map(tuple, baseline["known"])),
+                tuple(map(tuple, baseline["fixed"]))),
+            reproducers=tuple(data["reproducers"]), schema=data["schema"])
+
+
+# --- running ------------------------------------------------------------------------------------
+
+def resolve_target(target) -> str:
+    """A target as the loader (and a worker process) takes it: a callable becomes module:name."""
+    if isinstance(target, (str, os.PathLike)) or target is None:
+        return "impl" if target is None else os.fspath(target)
+    if not callable(target):
+        raise UsageError(f"target must be a callable, a path or module:function, "
+                         f"not {type(target).__name__}")
+    module = getattr(target, "__module__", None)
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    where = f"{module}:{name}"
+    if not module or not name or module == "__main__" or not name.isidentifier():
+        raise UsageError(f"{where}: a callable target must be a module-level function importable "
+                         "by name (ranks run in other processes); pass 'module:function' or a path")
+    try:
+        found = getattr(importlib.import_module(module), name, None)
+    except Exception as exc:  # noqa: BLE001 - its module may fail to import anywhere else too
+        raise UsageError(f"{where}: its module does not import: {type(exc).__name__}: {exc}") from None
+    if found is not target and getattr(found, "__wrapped__", None) is not target:
+        raise UsageError(f"{where}: importing it by that name gives a different object")
+    return where
+
+
+def validate(options: Options) -> None:
+    """Every option in range, or UsageError naming it."""
+    unknown = [r for r in options.regimes if r not in REGIMES]
+    if unknown or not options.regimes:
+        raise UsageError(f"regimes must be among {', '.join(REGIMES)}, got {list(options.regimes)}")
+    if options.max_examples < 1:
+        raise UsageError(f"max_examples must be at least 1, got {options.max_examples}")
+    if not 2 <= options.max_ranks <= 8:
+        raise UsageError(f"--max-ranks must be between 2 and 8, got {options.max_ranks}")
+    if not 0 < options.timeout < float("inf"):  # nan fails both comparisons
+        raise UsageError(f"--timeout must be positive and finite (seconds), got {options.timeout}")
+    if options.budget_s is not None and options.budget_s <= 0:
+        raise UsageError(f"--budget must be positive seconds, got {options.budget_s}")
+    if options.backend not in BACKENDS:
+        raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {options.backend!r}")
+    if options.world_sizes and not all(2 <= p <= 8 for p in options.world_sizes):
+        raise UsageError(f"every world size must be between 2 and 8: {list(options.world_sizes)}")
+
+
+def default_world_sizes(backend: str, world_sizes, device: str):
+    """The world sizes a process backend pools (None for threads), checked against the GPUs."""
+    if backend == "threads":
+        return world_sizes
+    import torch
+    if device != "cpu":
+        raise UsageError(f"--device {device} is for --backend threads ({backend} ranks use "
+                         + ("cuda:rank" if backend == "nccl" else "the CPU") + ")")
+    gpus = torch.cuda.device_count() if backend == "nccl" else 0
+    if backend == "nccl":
+        if gpus < 2:
+            raise UsageError(f"--backend nccl needs at least 2 GPUs, found {gpus}")
+        if world_sizes and max(world_sizes) > gpus:
+            raise UsageError(f"--backend nccl: world size {max(world_sizes)} needs "
+                             f"{max(world_sizes)} GPUs, found {gpus}")
+    if world_sizes:
+        return tuple(world_sizes)
+    return (2, 4) if backend == "gloo" else tuple(sorted({2, min(gpus, 8)}))
+
+
+def make_runner(backend: str, *, timeout: float, world_sizes, device: str, start: bool = True):
+    """The backend (pcpcheck.backends), its process pools started unless start=False (a replay)."""
+    try:
+        return make_backend(backend, timeout=timeout, world_sizes=world_sizes if start else None,
+                            device=device)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+class Progress:
+    """What `check` tells as it goes (all optional): the CLI prints lines, a TTY a live one."""
+
+    def started(self, target, options: Options) -> None: ...
+    def case(self, regime: str, result) -> None: ...  # result: the engine's RegimeResult so far
+    def finished(self, summary: RegimeSummary) -> None: ...
+
+
+def check(target, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_MAX_EXAMPLES,
+          max_ranks: int = 8, seed: int | None = None, budget_s: float | None = None,
+          backend: str = "threads", baseline: str | os.PathLike | None = None,
+          function: str | None = None, timeout: float = 10.0, world_sizes=None,
+          device: str = "cpu", progress: Progress | None = None, runner=None) -> CheckResult:
+    """Check a gather implementation against the spec in each regime.
+
+    target: a callable (importable as module:function), a .py path, 'module:function' or 'impl'.
+    seed None: derandomized, the same cases every run. budget_s: wall-clock seconds across
+    regimes, shared out among the regimes still to run. baseline: a file of known violations
+    (`REGIME INVARIANT` per line). runner: an already started backend (torchrun's rank 0).
+    Raises UsageError, LoadError, WorkerError (rank processes failed to start), CheckerError.
+    """
+    if isinstance(regimes, str):
+        regimes = (regimes,)
+    options = Options(tuple(dict.fromkeys(regimes)), max_examples, max_ranks, seed, budget_s,
+                      backend, tuple(world_sizes) if world_sizes else None, device, timeout,
+                      function, None if baseline is None else os.fspath(baseline))
+    validate(options)
+    known = load_baseline(options.baseline) if options.baseline else Baseline(options.baseline, ())
+    source = resolve_target(target)
+    progress = progress or Progress()
+    own_runner = runner is None
+    if own_runner:
+        sizes = default_world_sizes(backend, options.world_sizes, device)
+        options = Options(**{**asdict(options), "world_sizes": sizes})
+        runner = make_runner(backend, timeout=timeout, world_sizes=sizes, device=device)
+    try:
+        loaded = runner.load(source, function)  # in the backend's workers, never here
+        progress.started(loaded, options)
+        results = _search_all(loaded, runner, options, progress)
+    finally:
+        if own_runner:
+            runner.close()
+    return _result(source, loaded, options, results, known)
+
+
+def _search_all(target, runner, options: Options, progress: Progress):
+    deadline = None if options.budget_s is None else time.monotonic() + options.budget_s
+    results = []
+    for index, regime in enumerate(options.regimes):
+        # the remaining budget is shared equally among the regimes still to run
+        share = None if deadline is None else \
+            time.monotonic() + (deadline - time.monotonic()) / (len(options.regimes) - index)
+        result = search(target, regime, runner, max_examples=options.max_examples,
+                        max_ranks=options.max_ranks, derandomize=options.seed is None,
+                        seed=options.seed, pcp_sizes=options.world_sizes, deadline=share,
+                        on_case=lambda r, regime=regime: progress.case(regime, r))
+        results.append(result)
+        progress.finished(_summary(result))
+    return results
+
+
+def _summary(result) -> RegimeSummary:
+    return RegimeSummary(result.regime, result.cases, round(result.seconds, 3),
+                         round(result.check_seconds, 3),
+                         tuple(InvariantCount(i, result.checked[i], result.violated[i])
+                               for i in IDS if i in result.checked),
+                         result.budget_reached)
+
+
+def _result(source: str, target, options: Options, results, baseline: Baseline) -> CheckResult:
+    shrunk = [(r.regime, o, p) for r in results for o, p in zip(r.counterexamples, r.replays)]
+    into = report.fold([(regime, o) for regime, o, _ in shrunk])
+    counterexamples = []
+    for (regime, observation, replays), host in zip(shrunk, into):
+        first = observation.violations[0].invariant
+        counterexamples.append(Counterexample(
+            regime=regime,
+            violations=tuple(ViolationRecord(v.invariant, tuple(v.ranks))
+                             for v in observation.violations),
+            case=observation.prepared.case.to_json(),
+            replay=report.replay_command(target.source, observation, options.function),
+            report=report.counterexample(observation, regime, target.source, options.function,
+                                         target, replays),
+            known=(regime, first) in baseline.entries,
+            hazard=regime in HAZARD_REGIMES,
+            flaky=(replays.runs, replays.reproduced) if replays.flaky else None,
+            folded_into=host, observation=observation))
+    outcome = None
+    if options.baseline:
+        found = {(c.regime, c.invariant) for c in counterexamples}
+        outcome = BaselineOutcome(
+            options.baseline, tuple(e for e in baseline.entries if e in found),
+            tuple(e for e in baseline.entries if e not in found and e[0] in options.regimes))
+    return CheckResult(version(), source, target.name, tuple(target.stand_ins), options,
+                       tuple(_summary(r) for r in results), tuple(counterexamples), outcome)
+
+
+# --- one case -----------------------------------------------------------------------------------
+
+def replay_result(args, target, observation) -> CheckResult:
+    """The CheckResult of `pcpcheck check --replay` (one case, run once), for --json."""
+    from collections import Counter
+    regime = observation.prepared.case.batch.regime
+    result = RegimeResult(regime, cases=1, checked=Counter(observation.checked),
+                          violated=Counter(v.invariant for v in observation.violations))
+    if observation.violations:
+        result.counterexamples, result.replays = [observation], [Replays(1, 1)]
+    options = Options((regime,), 1, args.max_ranks, args.seed, None, args.backend,
+                      args.world_sizes, args.device, args.timeout, args.function, None)
+    return _result(args.target, target, options, [result], Baseline(None, ()))
+
+
+@dataclass(frozen=True)
 class Verdict:
     holds: bool
-    violated: list[str]  # invariant IDs, first one is what the case is reported under
+    violated: tuple[str, ...]  # invariant IDs, the first is what the case is reported under
     report: str  # the counterexample as `pcpcheck check` prints it, or "" when it holds
 
 
-def replay(target: str, case_json: str, function: str | None = None,
+def replay(target, case_json: str, function: str | None = None,
            timeout: float = 10.0) -> Verdict:
     """Judge one case (JSON as printed by pcpcheck) against a target (run in a worker)."""
     case = Case.from_json(case_json)
     with make_backend("threads", timeout=timeout) as backend:
-        loaded = backend.load(target, function)
+        loaded = backend.load(resolve_target(target), function)
         observation = run_case(case, loaded, backend)
-    violated = [v.invariant for v in observation.violations]
+    violated = tuple(v.invariant for v in observation.violations)
     text = report.counterexample(observation, case.batch.regime, loaded.source, function,
                                  loaded) if violated else ""
     return Verdict(not violated, violated, text)
+
+
+__all__ = ["check", "replay", "CheckResult", "Counterexample", "RegimeSummary", "Options",
+           "Verdict", "UsageError", "LoadError", "CheckerError", "WorkerError", "Progress",
+           "version", "SCHEMA_VERSION"]

@@ -11,26 +11,22 @@ Exit codes: 0 every invariant holds (diff: no difference), 1 a violation (diff: 
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import os
 import sys
-from collections import Counter
 
 from pcpcheck import report
+from pcpcheck.api import (DEFAULT_MAX_EXAMPLES, EXIT_HOLDS, EXIT_USAGE, EXIT_VIOLATION,
+                          UsageError, check, default_world_sizes, make_runner, version)
+from pcpcheck.backends.base import WorkerError
 from pcpcheck.cases import Case
 from pcpcheck.check import run_case
-from pcpcheck.engine import CheckerError, RegimeResult, search
-from pcpcheck.backends import make_backend
-from pcpcheck.backends.base import WorkerError
+from pcpcheck.engine import CheckerError
 from pcpcheck.loader import LoadError
 from spec.names import DEFAULT_REGIMES, HAZARD_REGIMES, REGIMES
 
-EXIT_HOLDS, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
-DEFAULT_MAX_EXAMPLES = 3000
-
-
-class UsageError(Exception):
-    """Bad arguments: one line, exit 2."""
+__all__ = ["main", "parse", "run_check", "UsageError", "LoadError", "CheckerError",
+           "EXIT_HOLDS", "EXIT_VIOLATION", "EXIT_USAGE"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,7 +57,18 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="random seed (default: derandomized, repeatable)")
     parser.add_argument("--timeout", type=float, default=10.0,
                         help="seconds a rank may take for one case before it counts as hung")
-    parser.add_argument("--json", metavar="FILE", help="write the verdict as JSON for CI")
+    parser.add_argument("--json", metavar="FILE",
+                        help="write the result as JSON (schema: docs/json-schema.md)")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text}")
+    return value
 
 
 def _world_sizes(text: str) -> tuple[int, ...]:
@@ -87,6 +94,7 @@ def _add_backend(parser: argparse.ArgumentParser) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pcpcheck", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"pcpcheck {version()}")
     commands = parser.add_subparsers(dest="command", parser_class=_Parser)
     check = commands.add_parser("check", help="check a gather implementation against the spec")
     check.add_argument("target", nargs="?", default="impl",
@@ -95,6 +103,16 @@ def _parser() -> argparse.ArgumentParser:
     _add_backend(check)
     check.add_argument("--repro-dir", metavar="DIR",
                        help="write a standalone pytest reproducer per violation into DIR")
+    check.add_argument("--budget", type=_positive_float, metavar="SECONDS",
+                       help="wall-clock limit across all regimes; the report says how many "
+                            "cases each regime reached")
+    check.add_argument("--junit", metavar="FILE",
+                       help="write a JUnit XML report: one test case per regime x invariant")
+    check.add_argument("--html", metavar="DIR",
+                       help="write a page per counterexample and a summary page into DIR")
+    check.add_argument("--baseline", metavar="FILE",
+                       help="known violations, one 'REGIME INVARIANT' per line (# comments): "
+                            "they do not fail the run; listed ones no longer found are reported")
     check.add_argument("--replay", metavar="CASE_JSON",
                        help="judge this one case (as printed in a counterexample's replay line)")
     diff = commands.add_parser("diff", help="compare two versions of the gather on the same cases")
@@ -105,51 +123,30 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    if not argv or argv[0] not in ("check", "diff", "-h", "--help"):
+    if not argv or argv[0] not in ("check", "diff", "-h", "--help", "--version"):
         argv = ["check", *argv]
     args = _parser().parse_args(argv)
-    if not 2 <= args.max_ranks <= 8:
-        raise UsageError(f"--max-ranks must be between 2 and 8, got {args.max_ranks}")
-    if not 0 < args.timeout < float("inf"):  # nan fails both comparisons
-        raise UsageError(f"--timeout must be positive and finite (seconds), got {args.timeout}")
     if not args.regime:
         args.regimes = DEFAULT_REGIMES
     elif "all" in args.regime:
         args.regimes = REGIMES
     else:
         args.regimes = tuple(dict.fromkeys(args.regime))
-    if getattr(args, "replay", None):  # a malformed case is a usage error before anything starts
-        args.replay = replay_case(args.replay)
-    if getattr(args, "backend", "threads") != "threads":
-        _check_process_backend(args)
+    if not 0 < args.timeout < float("inf"):  # nan fails both comparisons
+        raise UsageError(f"--timeout must be positive and finite (seconds), got {args.timeout}")
+    if args.command == "check":
+        if args.replay:  # a malformed case is a usage error before anything starts
+            args.replay = replay_case(args.replay)
+        args.world_sizes = default_world_sizes(args.backend, args.world_sizes, args.device)
     return args
 
 
-def _check_process_backend(args) -> None:
-    import torch
-    if args.device != "cpu":
-        raise UsageError(f"--device {args.device} is for --backend threads ({args.backend} "
-                         "ranks use " + ("cuda:rank" if args.backend == "nccl" else "the CPU") + ")")
-    gpus = torch.cuda.device_count() if args.backend == "nccl" else 0
-    if args.backend == "nccl":
-        if gpus < 2:
-            raise UsageError(f"--backend nccl needs at least 2 GPUs, found {gpus}")
-        if args.world_sizes and max(args.world_sizes) > gpus:
-            raise UsageError(f"--backend nccl: world size {max(args.world_sizes)} needs "
-                             f"{max(args.world_sizes)} GPUs, found {gpus}")
-    if not args.world_sizes:
-        args.world_sizes = (2, 4) if args.backend == "gloo" else tuple(sorted({2, min(gpus, 8)}))
-
-
-def make_runner(args):
-    """The backend of `--backend` (and `--device`), started before the search."""
-    backend = getattr(args, "backend", "threads")
-    if backend == "threads" and getattr(args, "device", "cpu") == "cuda":
-        import torch
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda: no CUDA device is available")
-    return make_backend(backend, timeout=args.timeout, device=getattr(args, "device", "cpu"),
-                        world_sizes=None if args.replay else getattr(args, "world_sizes", None))
+def use_cache_dir() -> None:
+    """Hypothesis's files (its constants cache, any database) go to $XDG_CACHE_HOME/pcpcheck,
+    never the caller's working directory. Commands only: the API leaves a host suite's alone."""
+    from hypothesis.configuration import set_hypothesis_home_dir
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    set_hypothesis_home_dir(os.path.join(base, "pcpcheck", "hypothesis"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`pcpcheck | head`): nothing left to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
         return EXIT_USAGE
-    except OSError as exc:  # --json or --repro-dir not writable
+    except OSError as exc:
         print(f"pcpcheck: cannot write {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -184,68 +181,135 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_check(args, runner=None) -> int:
-    """Check a target; `runner` given (torchrun's rank 0) is used as is, else `make_runner`.
-    The target is loaded by the backend's workers, never here."""
-    if runner is not None:
-        return _check(args, runner.load(args.target or "impl", args.function), runner)
-    runner = make_runner(args)
-    try:
-        return _check(args, runner.load(args.target or "impl", args.function), runner)
-    finally:
-        runner.close()
-
-
-def _check(args, target, runner) -> int:
-    print(f"pcpcheck: checking {target.name}"
-          + (f" ({args.backend}, world sizes {','.join(map(str, args.world_sizes))})"
-             if getattr(args, "backend", "threads") != "threads" else ""))
-    if target.stand_ins:
-        print(f"  stood in for: {', '.join(target.stand_ins)}")
+    """Check a target; `runner` given (torchrun's rank 0) is used as is, else the API starts one.
+    Output paths are checked first; a write that fails after the run never hides the verdict."""
+    check_outputs(args)
+    use_cache_dir()
     if args.replay:
-        return _replay(args, target, runner)
-    results = []
-    for regime in args.regimes:
-        result = search(target, regime, runner, max_examples=args.max_examples,
-                        max_ranks=args.max_ranks, derandomize=args.seed is None, seed=args.seed,
-                        pcp_sizes=getattr(args, "world_sizes", None))
-        results.append(result)
-        print(f"  {regime:<12} {report.rates(result)}  "
-              f"{'VIOLATED' if result.counterexamples else 'holds'}", flush=True)
+        return _replay(args, runner)
+    from pcpcheck.progress import LinePrinter
+    result = check(args.target, regimes=args.regimes, max_examples=args.max_examples,
+                   max_ranks=args.max_ranks, seed=args.seed, budget_s=args.budget,
+                   backend=args.backend, baseline=args.baseline, function=args.function,
+                   timeout=args.timeout, world_sizes=args.world_sizes, device=args.device,
+                   progress=LinePrinter(), runner=runner)
+    print_report(result)
+    write_outputs(args, result)
+    return result.exit_code
+
+
+def print_report(result) -> None:
     print()
-    print("\n".join(report.verdict_table(results)))
-    counterexamples = [(r.regime, o, p) for r in results for o, p in zip(r.counterexamples, r.replays)]
-    into = report.fold([(regime, o) for regime, o, _ in counterexamples])
-    if counterexamples:
+    print("\n".join(report.verdict_table(result.regimes)))
+    shown = [k for k, c in enumerate(result.counterexamples) if c.folded_into is None]
+    if shown:
         print("\n" + report.LEGEND)
-    for number, index in enumerate((k for k, host in enumerate(into) if host is None), 1):
-        regime, observation, replays = counterexamples[index]
-        print(f"\nCounterexample {number}: "
-              + report.counterexample(observation, regime, target.source, args.function,
-                                      target, replays))
-        folded = report.folded_line([(regime, o) for regime, o, _ in counterexamples], into, index)
+    for number, index in enumerate(shown, 1):
+        counterexample = result.counterexamples[index]
+        known = " (known: in the baseline)" if counterexample.known else ""
+        print(f"\nCounterexample {number}{known}: {counterexample.report}")
+        folded = [f"{c.invariant} in {c.regime}" for c in result.counterexamples
+                  if c.folded_into == index]
         if folded:
-            print(folded)
-    written = _write_repros(args, target, counterexamples) if counterexamples else []
-    hazards = sum(regime in HAZARD_REGIMES for regime, _, _ in counterexamples)
-    print(f"\nall regimes: {report.rates(*results)}: "
-          + (f"{len(counterexamples)} violation(s), {into.count(None)} shown"
-             + (f", {hazards} in hazard regimes" if hazards else "")
-             if counterexamples else "every invariant holds"))
-    if args.json:
-        _write_json(args.json, target, results, counterexamples, args.function, written, into)
-    return EXIT_VIOLATION if counterexamples else EXIT_HOLDS
+            print(f"  folded: {len(folded)} more counterexample(s) this case also shows "
+                  f"({'; '.join(folded)}), most likely the same bug; --json lists each")
+    new, known = len(result.new_violations), len(result.counterexamples) - len(result.new_violations)
+    summary = f"{new} violation(s), {len(shown)} shown" if new else "every invariant holds"
+    hazards = sum(c.hazard for c in result.new_violations)
+    if hazards:
+        summary += f", {hazards} in hazard regimes"
+    if known:
+        summary += f", {known} known violation(s) from the baseline"
+    print(f"\nall regimes: {report.rates(*result.regimes)}: {summary}")
+    if any(s.budget_reached for s in result.regimes):
+        print(f"budget of {result.options.budget_s:g} s reached; cases per regime: " + ", ".join(
+            f"{s.regime} {s.cases}" for s in result.regimes))
+    if result.baseline and result.baseline.fixed:
+        print(f"no longer found, remove from {result.baseline.path}: " + "; ".join(
+            f"{regime} {invariant}" for regime, invariant in result.baseline.fixed))
 
 
-def _replay(args, target, runner) -> int:
-    case = args.replay  # parsed and validated by `parse`
-    observation = run_case(case, target, runner)
-    regime = case.batch.regime
+_OUTPUT_FILES = ("json", "junit")
+_OUTPUT_DIRS = ("html", "repro_dir")
+
+
+def check_outputs(args) -> None:
+    """Every output path usable, before the run: UsageError (exit 2) names the first that is not."""
+    for name in _OUTPUT_FILES + _OUTPUT_DIRS:
+        path = getattr(args, name, None)
+        if not path:
+            continue
+        option = "--" + name.replace("_", "-")
+        is_dir = name in _OUTPUT_DIRS
+        if os.path.exists(path):
+            if os.path.isdir(path) != is_dir:
+                raise UsageError(f"{option} {path}: " + ("not a directory" if is_dir else "is a directory"))
+            if not os.access(path, os.W_OK):
+                raise UsageError(f"{option} {path}: not writable")
+            continue
+        parent = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(parent):
+            if not is_dir:
+                raise UsageError(f"{option} {path}: directory {parent} does not exist")
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+            raise UsageError(f"{option} {path}: cannot create it in {parent}")
+
+
+def write_outputs(args, result) -> None:
+    """Write each output asked for; say why any failed, and that the verdict stands."""
+    failed = 0
+
+    def attempt(path, write):
+        nonlocal failed
+        try:
+            return write()
+        except OSError as exc:
+            failed += 1
+            print(f"pcpcheck: cannot write {exc.filename or path}: {exc.strerror or exc}",
+                  file=sys.stderr)
+
+    if getattr(args, "repro_dir", None) and result.counterexamples:
+        from pcpcheck.repro import write_reproducers
+        written = attempt(args.repro_dir, lambda: write_reproducers(args.repro_dir, result))
+        result = dataclasses.replace(result, reproducers=tuple(written or ()))
+    if getattr(args, "html", None):
+        from pcpcheck.html import write_html
+        attempt(args.html, lambda: write_html(args.html, result))
+    if getattr(args, "json", None):
+        attempt(args.json, lambda: _write_text(args.json, result.to_json()))
+    if getattr(args, "junit", None):
+        from pcpcheck.junit import junit_xml
+        attempt(args.junit, lambda: _write_text(args.junit, junit_xml(result)))
+    if failed:
+        print(f"pcpcheck: the verdict above stands (exit {result.exit_code}); {failed} "
+              "output(s) not written", file=sys.stderr)
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def _replay(args, runner) -> int:
+    """`--replay`: one case (parsed and validated by `parse`), judged; --json like a search."""
+    own = runner is None
+    if own:
+        runner = make_runner(args.backend, timeout=args.timeout, world_sizes=args.world_sizes,
+                             device=args.device, start=False)
+    try:
+        target = runner.load(args.target, args.function)
+        print(f"pcpcheck: checking {target.name}")
+        if target.stand_ins:
+            print(f"  stood in for: {', '.join(target.stand_ins)}")
+        observation = run_case(args.replay, target, runner)
+    finally:
+        if own:
+            runner.close()
+    regime = args.replay.batch.regime
     if args.json:
-        result = RegimeResult(regime, cases=1, checked=Counter(observation.checked),
-                              violated=Counter(v.invariant for v in observation.violations))
-        result.counterexamples = [observation] if observation.violations else []
-        _write_json(args.json, target, [result], [(regime, o, None) for o in result.counterexamples],
-                    args.function, [], [None] * len(result.counterexamples))
+        from pcpcheck.api import replay_result
+        write_outputs(args, replay_result(args, target, observation))
     if not observation.violations:
         print(f"  replayed case holds: every invariant of {', '.join(observation.checked)}")
         return EXIT_HOLDS
@@ -260,45 +324,6 @@ def replay_case(text: str) -> Case:
         return Case.from_json(text)
     except ValueError as exc:
         raise UsageError(f"--replay is not a well-formed case: {exc}") from None
-
-
-def _write_repros(args, target, counterexamples) -> list[str]:
-    if not getattr(args, "repro_dir", None):
-        return []
-    from pcpcheck.repro import write_reproducer
-    return [write_reproducer(args.repro_dir, target, regime, observation, args.function)
-            for regime, observation, _ in counterexamples]
-
-
-def _write_json(path, target, results, counterexamples, function, repros, into) -> None:
-    document = {
-        "target": target.source,
-        "verdict": "violated" if counterexamples else "holds",
-        "regimes": {
-            r.regime: {
-                "hazard": r.regime in HAZARD_REGIMES,
-                "cases": r.cases,
-                "seconds": round(r.seconds, 3),
-                "invariants": {i: {"checked": r.checked[i], "violated": r.violated[i]}
-                               for i in r.checked},
-            } for r in results},
-        "counterexamples": [{
-            "invariant": o.violations[0].invariant,
-            "ranks": o.violations[0].ranks,
-            "also_violated": [v.invariant for v in o.violations[1:]],
-            "regime": regime,
-            "hazard": regime in HAZARD_REGIMES,
-            "folded_into": host,  # index of the shown counterexample it folds into, or null
-            "case": json.loads(o.prepared.case.to_json()),
-            "replay": report.replay_command(target.source, o, function),
-            "flaky": ({"replays": p.runs, "reproduced": p.reproduced}
-                      if p is not None and p.flaky else None),
-            "report": report.counterexample(o, regime, target.source, function, target, p),
-        } for (regime, o, p), host in zip(counterexamples, into)],
-        "reproducers": repros,
-    }
-    with open(path, "w") as handle:
-        json.dump(document, handle, indent=2)
 
 
 if __name__ == "__main__":

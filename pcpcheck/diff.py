@@ -3,14 +3,20 @@ their per-rank caches (or errors) differ, both outcomes side by side, and each s
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict, dataclass
+
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import seed as hypothesis_seed
 
 from pcpcheck import report
+from pcpcheck.api import DEFAULT_MAX_EXAMPLES, SCHEMA_VERSION, Options, validate, version
 from pcpcheck.cases import cases, describe
 from pcpcheck.check import Observation, incomplete
 from pcpcheck.backends import make_backend
 from pcpcheck.check import run_case
 from spec.invariants import INCOMPLETE
+from spec.names import DEFAULT_REGIMES
 
 EXIT_SAME, EXIT_DIFFERENT = 0, 1
 
@@ -36,7 +42,7 @@ def differing_ranks(old: Observation, new: Observation) -> list[int]:
 
 
 def find_difference(old_target, new_target, regime: str, runner, *, max_examples: int,
-                    max_ranks: int, derandomize: bool = True):
+                    max_ranks: int, derandomize: bool = True, seed: int | None = None):
     """The minimal case (hypothesis-shrunk) where the two targets' outcomes differ, or None."""
     counted = {"cases": 0}
 
@@ -51,6 +57,8 @@ def find_difference(old_target, new_target, regime: str, runner, *, max_examples
         if differing_ranks(old, new):
             raise OutcomesDiffer(old, new)
 
+    if seed is not None and not derandomize:
+        same_outcomes = hypothesis_seed(seed)(same_outcomes)
     try:
         same_outcomes()
     except OutcomesDiffer as found:
@@ -88,24 +96,84 @@ def render(found: OutcomesDiffer, regime: str, old_name: str, new_name: str) -> 
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class RegimeDiff:
+    regime: str
+    cases: int
+    case: str | None  # the minimal differing case (Case JSON), None when the outcomes agree
+    report: str  # the side-by-side text, "" when they agree
+
+
+@dataclass(frozen=True)
+class DiffResult:
+    version: str
+    old: str
+    new: str
+    options: Options
+    regimes: tuple[RegimeDiff, ...]
+    schema: int = SCHEMA_VERSION
+
+    @property
+    def differs(self) -> bool:
+        return any(r.case is not None for r in self.regimes)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_DIFFERENT if self.differs else EXIT_SAME
+
+    def to_json(self) -> str:
+        document = asdict(self)
+        for regime in document["regimes"]:
+            regime["case"] = None if regime["case"] is None else json.loads(regime["case"])
+        return json.dumps({"schema": document.pop("schema"), "kind": "diff",
+                           "verdict": "different" if self.differs else "same", **document},
+                          indent=2)
+
+
+def diff(old, new, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_MAX_EXAMPLES,
+         max_ranks: int = 8, seed: int | None = None, function: str | None = None,
+         timeout: float = 10.0, on_regime=None) -> DiffResult:
+    """Run two versions on the same drawn cases; per regime the minimal case where they differ.
+    `on_regime(RegimeDiff)` as each regime ends."""
+    from pcpcheck.api import resolve_target
+    options = Options(tuple(dict.fromkeys(regimes)), max_examples, max_ranks, seed, None,
+                      "threads", None, "cpu", timeout, function, None)
+    validate(options)
+    old_source, new_source = resolve_target(old), resolve_target(new)
+    found_per_regime = []
+    with make_backend("threads", timeout=timeout) as runner:
+        old_target = runner.load(old_source, function)
+        new_target = runner.load(new_source, function)
+        for regime in options.regimes:
+            count, found = find_difference(old_target, new_target, regime, runner,
+                                           max_examples=max_examples, max_ranks=max_ranks,
+                                           derandomize=seed is None, seed=seed)
+            result = RegimeDiff(regime, count, None, "") if found is None else RegimeDiff(
+                regime, count, found.old.prepared.case.to_json(),
+                render(found, regime, old_target.source, new_target.source))
+            found_per_regime.append(result)
+            if on_regime is not None:
+                on_regime(result)
+    return DiffResult(version(), old_source, new_source, options, tuple(found_per_regime))
+
+
 def run_diff(args) -> int:
-    with make_backend("threads", timeout=args.timeout) as runner:
-        return _run_diff(args, runner)
+    """`pcpcheck diff`: print as each regime ends; --json after the verdict, never masking it."""
+    from pcpcheck.cli import check_outputs, use_cache_dir, write_outputs
+    check_outputs(args)
+    use_cache_dir()
+    print(f"pcpcheck diff: old {args.old}, new {args.new}")
 
+    def show(regime: RegimeDiff) -> None:
+        state = "same outcomes" if regime.case is None else "DIFFERENT"
+        print(f"  {regime.regime:<12} {regime.cases:>6} cases: {state}", flush=True)
+        if regime.report:
+            print(regime.report)
 
-def _run_diff(args, runner) -> int:
-    old = runner.load(args.old, args.function)
-    new = runner.load(args.new, args.function)
-    print(f"pcpcheck diff: old {old.name}, new {new.name}")
-    differences = 0
-    for regime in args.regimes:
-        count, found = find_difference(old, new, regime, runner, max_examples=args.max_examples,
-                                       max_ranks=args.max_ranks, derandomize=args.seed is None)
-        if found is None:
-            print(f"  {regime:<12} {count:>6} cases: same outcomes")
-        else:
-            differences += 1
-            print(f"  {regime:<12} {count:>6} cases: DIFFERENT")
-            print(render(found, regime, old.source, new.source))
+    result = diff(args.old, args.new, regimes=args.regimes, max_examples=args.max_examples,
+                  max_ranks=args.max_ranks, seed=args.seed, function=args.function,
+                  timeout=args.timeout, on_regime=show)
+    differences = sum(r.case is not None for r in result.regimes)
     print(f"\n{differences} regime(s) with a difference" if differences else "\nno difference found")
-    return EXIT_DIFFERENT if differences else EXIT_SAME
+    write_outputs(args, result)
+    return result.exit_code

@@ -54,6 +54,11 @@ class CheckerError(Exception):
     """pcpcheck itself failed (not the target): a bug to report, never a verdict."""
 
 
+class _BudgetReached(BaseException):
+    """Raised at the start of a case once the deadline has passed: a BaseException, so
+    hypothesis neither shrinks nor reports it but unwinds at once."""
+
+
 @dataclass
 class RegimeResult:
     regime: str
@@ -64,16 +69,21 @@ class RegimeResult:
     replays: list[Replays] = field(default_factory=list)  # one per counterexample, in order
     seconds: float = 0.0  # wall time of the whole search
     check_seconds: float = 0.0  # of which running and judging cases (drawing excluded)
+    budget_reached: bool = False  # the deadline stopped the search early
 
 
 def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8,
-           derandomize: bool = True, seed: int | None = None, pcp_sizes=None) -> RegimeResult:
+           derandomize: bool = True, seed: int | None = None, pcp_sizes=None,
+           deadline: float | None = None, on_case=None) -> RegimeResult:
     """Check `target` on up to max_examples drawn cases of one regime, shrinking violations.
 
     `runner` is a pcpcheck.backends.Backend and `target` the TargetInfo it loaded.
     `pcp_sizes` restricts the world sizes drawn (a process backend's pools); default 2..max_ranks.
+    `deadline` (time.monotonic()): stop there; each invariant is then reported with the smallest
+    violating case seen so far (shrinking may be cut short). `on_case(result)` after every case.
     """
     result = RegimeResult(regime)
+    smallest: dict[str, Observation] = {}  # per first invariant, for a search the deadline ends
 
     @settings(max_examples=max_examples, deadline=None, database=None, derandomize=derandomize,
               report_multiple_bugs=True, verbosity=Verbosity.quiet, print_blob=False,
@@ -81,20 +91,30 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
               suppress_health_check=list(HealthCheck))
     @given(case=cases(regimes=(regime,), max_ranks=max_ranks, pcp_sizes=pcp_sizes))
     def check(case: Case) -> None:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise _BudgetReached
         started = time.perf_counter()
         observation = run_case(case, target, runner)
         result.check_seconds += time.perf_counter() - started
         result.cases += 1
         result.checked.update(observation.checked)
         result.violated.update(v.invariant for v in observation.violations)
+        if on_case is not None:
+            on_case(result)
         if observation.violations:
-            raise _VIOLATION_TYPES[observation.violations[0].invariant](observation)
+            first = observation.violations[0].invariant
+            if first not in smallest or _size(observation) < _size(smallest[first]):
+                smallest[first] = observation
+            raise _VIOLATION_TYPES[first](observation)
 
     if seed is not None and not derandomize:
         check = hypothesis_seed(seed)(check)
     started = time.perf_counter()
     try:
         check()
+    except _BudgetReached:
+        result.budget_reached = True
+        result.counterexamples = list(smallest.values())
     except InvariantViolated as exc:
         result.counterexamples.append(exc.observation)
     except BaseExceptionGroup as group:  # several invariants, each shrunk on its own
@@ -107,7 +127,8 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
         raise
     except Exception as exc:  # noqa: BLE001 - a failure of pcpcheck itself, never a verdict
         raise CheckerError(f"pcpcheck failed while checking: {exc!r}") from exc
-    result.counterexamples = [_reduced(o, runner, target) for o in result.counterexamples]
+    if not result.budget_reached:  # past the budget, the search's smallest cases stand
+        result.counterexamples = [_reduced(o, runner, target) for o in result.counterexamples]
     result.counterexamples.sort(key=lambda o: IDS.index(o.violations[0].invariant))
     result.seconds = time.perf_counter() - started  # the search's rate: replays excluded
     result.replays = [replay(runner, target, o, REPLAYS) for o in result.counterexamples]
@@ -143,3 +164,10 @@ def _reduced(observation: Observation, runner, target, budget: int = 400,
                 observation, improved = candidate, True
                 break
     return observation
+
+
+def _size(observation: Observation) -> tuple:
+    """Hypothesis's shrink order, roughly: fewer ranks, requests, tokens, then shorter JSON."""
+    case = observation.prepared.case
+    return (case.batch.pcp_size, len(case.batch.requests),
+            sum(r.num_tokens for r in case.batch.requests), len(case.to_json()))

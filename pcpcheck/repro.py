@@ -1,12 +1,16 @@
-"""Standalone pytest reproducers: one file per violation, replaying the exact minimal case."""
+"""Standalone pytest reproducers: one file per violation, replaying the exact minimal case.
+
+The target is named as given (a path relative to the working directory stays relative), and
+PCPCHECK_TARGET overrides it, so one file can be pointed at a fixed version."""
 
 from __future__ import annotations
 
 import os
 import re
 
-from pcpcheck.cases import describe
-from pcpcheck.check import Observation
+from pcpcheck.cases import Case, describe
+
+TARGET_VARIABLE = "PCPCHECK_TARGET"
 
 _TEMPLATE = '''"""pcpcheck reproducer: {invariant} violated in regime {regime}.
 
@@ -14,12 +18,17 @@ _TEMPLATE = '''"""pcpcheck reproducer: {invariant} violated in regime {regime}.
 
 Replays the shrunk case against the target and fails while the bug is there:
     python -m pytest {filename}
+from the directory pcpcheck ran in (a relative TARGET is taken from there), or against another
+version of the gather:
+    {variable}=path/to/fixed/pcp.py python -m pytest {filename}
 Needs only pcpcheck installed.
 """
 
+import os
+
 from pcpcheck.api import replay
 
-TARGET = {target!r}
+TARGET = os.environ.get({variable!r}) or {target!r}
 FUNCTION = {function!r}
 CASE = {case!r}
 
@@ -30,22 +39,32 @@ def test_{test_name}():
 '''
 
 
-def write_reproducer(directory: str, target, regime: str, observation: Observation,
+def reproducer_target(source: str) -> str:
+    """A file target relative to the working directory (when below it), else as given."""
+    if not os.path.exists(source):
+        return source  # impl, module:function
+    relative = os.path.relpath(os.path.abspath(source))
+    return os.path.abspath(source) if relative.startswith(os.pardir) else relative
+
+
+def write_reproducer(directory: str, source: str, regime: str, invariant: str, case_json: str,
                      function: str | None = None) -> str:
     """Write the reproducer for one counterexample; return its path."""
     os.makedirs(directory, exist_ok=True)
-    first = observation.violations[0]
-    stem = re.sub(r"\W+", "_", os.path.splitext(os.path.basename(target.source))[0]).strip("_")
-    test_name = re.sub(r"\W+", "_", f"{first.invariant}_{regime}").lower()
+    stem = re.sub(r"\W+", "_", os.path.splitext(os.path.basename(source))[0]).strip("_")
+    test_name = re.sub(r"\W+", "_", f"{invariant}_{regime}").lower()
     filename = f"test_repro_{stem}_{test_name}.py"
-    source = target.source
-    if os.path.exists(source):  # a file target: absolute, so the reproducer runs from anywhere
-        source = os.path.abspath(source)
-    text = _TEMPLATE.format(invariant=first.invariant, regime=regime, filename=filename,
-                            summary=f"Case: {describe(observation.prepared.case)}",
-                            target=source, function=function,
-                            case=observation.prepared.case.to_json(), test_name=test_name)
+    text = _TEMPLATE.format(invariant=invariant, regime=regime, filename=filename,
+                            summary=f"Case: {describe(Case.from_json(case_json))}",
+                            target=reproducer_target(source), function=function,
+                            variable=TARGET_VARIABLE, case=case_json, test_name=test_name)
     path = os.path.join(directory, filename)
     with open(path, "w") as handle:
         handle.write(text)
     return path
+
+
+def write_reproducers(directory: str, result) -> list[str]:
+    """One reproducer per counterexample of a CheckResult."""
+    return [write_reproducer(directory, result.target, c.regime, c.invariant, c.case,
+                             result.options.function) for c in result.counterexamples]

@@ -251,7 +251,8 @@ def test_reproducer_file_fails_under_pytest(tmp_path):
     code, verdict = _check([ZOO / "bug04_truncated_slots.py", "--regime", "sharded"], tmp_path)
     assert code == 1
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          verdict["reproducers"][0]], capture_output=True, text=True, cwd=tmp_path)
+                          verdict["reproducers"][0]], capture_output=True, text=True,
+                         cwd=Path.cwd())  # where pcpcheck ran: the reproducer's target is relative
     assert run.returncode == 1, run.stdout
     assert "REPLICA violated" in run.stdout
 

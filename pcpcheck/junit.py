@@ -1,0 +1,41 @@
+"""`--junit FILE`: one JUnit test case per regime x invariant, as CI dashboards read them.
+
+failed: a new violation (the counterexample report is the failure text); skipped: not
+applicable in that regime (REPLICA under dcp, SHARD elsewhere) or a baselined violation."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from spec.registry import IDS
+
+
+def junit_xml(result) -> str:
+    suite = ET.Element("testsuite", name="pcpcheck", hostname="", timestamp="")
+    counts = {"tests": 0, "failures": 0, "skipped": 0}
+    for summary in result.regimes:
+        for invariant in IDS:
+            state, counterexample = result.outcome(summary.regime, invariant)
+            case = ET.SubElement(suite, "testcase", classname=f"pcpcheck.{summary.regime}",
+                                 name=invariant, time=f"{summary.seconds:.3f}")
+            counts["tests"] += 1
+            if state == "failed":
+                counts["failures"] += 1
+                failure = ET.SubElement(case, "failure", type=invariant,
+                                        message=counterexample.report.splitlines()[0])
+                failure.text = counterexample.report
+            elif state in ("n/a", "known"):
+                counts["skipped"] += 1
+                ET.SubElement(case, "skipped", message=(
+                    f"{invariant} does not apply in regime {summary.regime}" if state == "n/a"
+                    else f"known violation, listed in {result.baseline.path}"))
+    properties = ET.Element("properties")
+    for name, value in (("pcpcheck.version", result.version), ("target", result.target)):
+        ET.SubElement(properties, "property", name=name, value=value)
+    suite.insert(0, properties)
+    suite.set("tests", str(counts["tests"]))
+    suite.set("failures", str(counts["failures"]))
+    suite.set("skipped", str(counts["skipped"]))
+    suite.set("errors", "0")
+    suite.set("time", f"{sum(s.seconds for s in result.regimes):.3f}")
+    return ET.tostring(ET.ElementTree(suite).getroot(), encoding="unicode", xml_declaration=True)
