@@ -31,9 +31,18 @@ class Prepared:
     expected: list[dict[int, int]]  # per rank: slot -> token
     labels: np.ndarray  # sorted distinct input row labels, to decode outputs
 
+    _content: dict = field(default_factory=dict, repr=False)
+
     @property
     def size(self) -> int:
         return self.case.batch.pcp_size
+
+    def content(self, tensor_index: int) -> np.ndarray:
+        """Rows of every input label (self.labels order) in one tensor, to decode outputs."""
+        if tensor_index not in self._content:
+            spec = self.case.tensors[tensor_index]
+            self._content[tensor_index] = row_content(self.labels, tensor_index, spec.row_bytes)
+        return self._content[tensor_index]
 
     def inputs(self, rank: int):
         """Fresh tensors for one rank's call (the sources stay pristine for NO_MUTATION)."""
@@ -94,16 +103,19 @@ class Observation:
     checked: tuple[str, ...]  # invariant IDs evaluated on this case
 
 
-def decode_rows(tensor: torch.Tensor, tensor_index: int, valid: np.ndarray) -> list[int]:
+def decode_rows(tensor: torch.Tensor, tensor_index: int, valid: np.ndarray,
+                content: np.ndarray | None = None) -> list[int]:
     """Labels of a tensor's rows: the input row each one is, bit for bit, else NO_ROW.
-    valid: the sorted input labels (Prepared.labels)."""
+    valid: the sorted input labels (Prepared.labels); content: their rows in this tensor
+    (row_content of valid; computed here when not given)."""
     rows = as_bytes(tensor)
-    if rows.shape[0] == 0:
-        return []
+    if rows.shape[0] == 0 or valid.size == 0:
+        return [NO_ROW] * rows.shape[0]
+    if content is None:
+        content = row_content(valid, tensor_index, rows.shape[1])
     claimed = rows[:, :4].copy().view("<i4").reshape(-1).astype(np.int64)
-    genuine = (row_content(claimed, tensor_index, rows.shape[1]) == rows).all(axis=1)
-    position = np.searchsorted(valid, claimed).clip(max=max(valid.size - 1, 0))
-    genuine &= valid.size > 0 and valid[position] == claimed
+    position = np.searchsorted(valid, claimed).clip(max=valid.size - 1)
+    genuine = (valid[position] == claimed) & (content[position] == rows).all(axis=1)
     return np.where(genuine, claimed, NO_ROW).tolist()
 
 
@@ -136,7 +148,8 @@ def observe(prepared: Prepared, rank: int, result) -> RankView:
             view.error = f"returned {problem}"
         else:
             try:
-                view.rows = [decode_rows(t, k, prepared.labels) for k, t in enumerate(result.value[0])]
+                view.rows = [decode_rows(t, k, prepared.labels, prepared.content(k))
+                             for k, t in enumerate(result.value[0])]
                 view.slots = [int(slot) for slot in result.value[1].tolist()]
                 view.returned = True
             except Exception as exc:  # noqa: BLE001 - a hostile return (odd layout, ...)
