@@ -16,7 +16,9 @@ from hypothesis import seed as hypothesis_seed
 
 from pcpcheck.cases import Case, cases
 from pcpcheck.check import Observation
-from spec.names import INVARIANTS
+from spec.names import INVARIANTS, LAYOUT
+
+REPORTED = (LAYOUT, *INVARIANTS)  # reporting order: a release's layout before its gather
 
 
 class InvariantViolated(Exception):
@@ -28,7 +30,7 @@ class InvariantViolated(Exception):
         super().__init__(f"{first.invariant} violated on rank(s) {first.ranks}")
 
 
-_VIOLATION_TYPES = {i: type(f"{i}Violated", (InvariantViolated,), {}) for i in INVARIANTS}
+_VIOLATION_TYPES = {i: type(f"{i}Violated", (InvariantViolated,), {}) for i in REPORTED}
 
 
 class CheckerError(Exception):
@@ -42,16 +44,19 @@ class RegimeResult:
     checked: Counter = field(default_factory=Counter)  # invariant -> cases evaluated
     violated: Counter = field(default_factory=Counter)  # invariant -> cases violating it
     counterexamples: list[Observation] = field(default_factory=list)  # shrunk, one per invariant
+    not_applicable: str = ""  # why the target cannot reach this regime (then nothing is drawn)
     seconds: float = 0.0  # wall time of the whole search
     check_seconds: float = 0.0  # of which running and judging cases (drawing excluded)
 
 
 def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8,
-           derandomize: bool = True, seed: int | None = None, pcp_sizes=None) -> RegimeResult:
+           derandomize: bool = True, seed: int | None = None, pcp_sizes=None,
+           strategy=None) -> RegimeResult:
     """Check `target` on up to max_examples drawn cases of one regime, shrinking violations.
 
     `runner` is any backend with `observe_case(case, target) -> Observation` (threads, processes).
     `pcp_sizes` restricts the world sizes drawn (a process backend's pools); default 2..max_ranks.
+    `strategy` replaces the default case strategy (`pcpcheck vllm` draws steps in a release's order).
     """
     result = RegimeResult(regime)
 
@@ -59,7 +64,8 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
               report_multiple_bugs=True, verbosity=Verbosity.quiet, print_blob=False,
               phases=(Phase.explicit, Phase.generate, Phase.shrink),
               suppress_health_check=list(HealthCheck))
-    @given(case=cases(regimes=(regime,), max_ranks=max_ranks, pcp_sizes=pcp_sizes))
+    @given(case=strategy if strategy is not None
+           else cases(regimes=(regime,), max_ranks=max_ranks, pcp_sizes=pcp_sizes))
     def check(case: Case) -> None:
         started = time.perf_counter()
         observation = runner.observe_case(case, target)
@@ -88,5 +94,5 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
     except Exception as exc:  # noqa: BLE001 - a failure of pcpcheck itself, never a verdict
         raise CheckerError(f"pcpcheck failed while checking: {exc!r}") from exc
     result.seconds = time.perf_counter() - started
-    result.counterexamples.sort(key=lambda o: INVARIANTS.index(o.violations[0].invariant))
+    result.counterexamples.sort(key=lambda o: REPORTED.index(o.violations[0].invariant))
     return result

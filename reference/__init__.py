@@ -6,15 +6,21 @@ spec.names, never spec/ logic, impl/ or pcpcheck/.
 
 from reference.cache import expected_caches, write_cache
 from reference.gather import branch, gather
-from reference.layout import Layout, expand_slot_mapping, global_slots, layout
+from reference.layout import (ERA_CURRENT, ERA_V026, ERAS, Layout, expand_slot_mapping, global_slots,
+                              hidden_restore_index, layout, replicated_requests)
 
 __all__ = [
+    "ERAS",
+    "ERA_CURRENT",
+    "ERA_V026",
     "Layout",
     "branch",
     "expand_slot_mapping",
     "expected_caches",
     "gather",
     "global_slots",
+    "hidden_restore_index",
     "layout",
+    "replicated_requests",
     "write_cache",
 ]

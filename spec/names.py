@@ -47,6 +47,9 @@ UNIQUE = "UNIQUE"
 PAD_HYGIENE = "PAD_HYGIENE"
 COLLECTIVE = "COLLECTIVE"
 NO_MUTATION = "NO_MUTATION"
+# LAYOUT: a vLLM release's own PCP manager lays a step out as the reference does (checked by
+# `pcpcheck vllm` only, which runs the manager; reported before the gather's invariants).
+LAYOUT = "LAYOUT"
 # Reporting priority: a case is reported under the first ID it violates.
 INVARIANTS = (RETURNS, COLLECTIVE, NO_MUTATION, LENGTH, UNIQUE, PAD_HYGIENE, PAIRING, REPLICA, SHARD)
 

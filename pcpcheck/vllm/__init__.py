@@ -1,0 +1,1 @@
+"""Check a vLLM release's own PCP path (`pcpcheck vllm SOURCE`)."""
