@@ -3,6 +3,7 @@
     pcpcheck                          check the bundled implementation in every regime
     pcpcheck check TARGET [options]   check a pcp.py file, a module:function, or `impl`
     pcpcheck diff OLD NEW [options]   run two versions on the same cases, report where they differ
+    pcpcheck vllm SOURCE [options]    check a vLLM release's own PCP path (manager, gather, wrappers)
 
 Exit codes: 0 every invariant holds (diff: no difference), 1 a violation (diff: a difference),
 2 a usage or load error.
@@ -17,14 +18,18 @@ import sys
 
 from pcpcheck import report
 from pcpcheck.cases import Case
-from pcpcheck.engine import CheckerError, search
+from pcpcheck.engine import CheckerError, RegimeResult, search
 from pcpcheck.loader import LoadError, load_target
 from pcpcheck.procs import DeviceThreadRunner, ProcessRunner, WorkerError
 from pcpcheck.runner import ThreadRunner
-from spec.names import REGIMES
+from pcpcheck.vllm.release import InterfaceDrift
+from pcpcheck.vllm.source import SourceError
+from spec.names import REGIMES, SHARDED
 
 EXIT_HOLDS, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
 DEFAULT_MAX_EXAMPLES = 3000
+NO_SHARD_FLAG = ("the gather has no shard_decode_requests parameter: decodes are never sharded "
+                 "in its era (vLLM before 0.32)")
 
 
 class UsageError(Exception):
@@ -97,11 +102,36 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("old")
     diff.add_argument("new")
     _add_common(diff)
+    _add_vllm(commands)
     return parser
 
 
+DEFAULT_VLLM_EXAMPLES = 1000
+
+
+def _add_vllm(commands) -> None:
+    vllm = commands.add_parser("vllm", help="check a vLLM release's own PCP path on all ranks")
+    vllm.add_argument("source", help="a release (0.33.0, vllm==0.33.0), a wheel, a checkout, "
+                                     "or installed")
+    vllm.add_argument("--regime", action="append", choices=REGIMES, metavar="REGIME",
+                      help="regime to check, repeatable (default: all but draft-mixed, a "
+                           "hazard regime)")
+    vllm.add_argument("--max-examples", type=_positive_int, default=DEFAULT_VLLM_EXAMPLES,
+                      help="steps drawn per regime (default %(default)s)")
+    vllm.add_argument("--max-ranks", type=int, default=8,
+                      help="largest PCP size P drawn, 2..8 (default %(default)s)")
+    vllm.add_argument("--seed", type=int, help="random seed (default: derandomized, repeatable)")
+    vllm.add_argument("--timeout", type=float, default=10.0,
+                      help="seconds a rank may take for one step before it counts as hung")
+    vllm.add_argument("--empty-steps", action="store_true",
+                      help="also draw steps with no scheduled token (a hazard: the model "
+                           "runner never runs them)")
+    vllm.add_argument("--json", metavar="FILE", help="write the verdict as JSON")
+    vllm.add_argument("--replay", metavar="CASE_JSON", help="judge this one step")
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
-    if not argv or argv[0] not in ("check", "diff", "-h", "--help"):
+    if not argv or argv[0] not in ("check", "diff", "vllm", "-h", "--help"):
         argv = ["check", *argv]
     args = _parser().parse_args(argv)
     if not 2 <= args.max_ranks <= 8:
@@ -157,12 +187,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "diff":
             from pcpcheck.diff import run_diff
             return run_diff(args)
+        if args.command == "vllm":
+            return run_vllm(args)
         return run_check(args)
     except UsageError as exc:
         print(f"pcpcheck: usage error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except LoadError as exc:
         print(f"pcpcheck: cannot load target: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (SourceError, InterfaceDrift) as exc:  # pcpcheck vllm: one line naming the problem
+        print(f"pcpcheck: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except WorkerError as exc:  # the rank processes could not start, or pcpcheck failed in one
         print(f"pcpcheck: rank processes failed: {str(exc).splitlines()[0]}", file=sys.stderr)
@@ -203,6 +238,11 @@ def _check(args, target, runner) -> int:
         return _replay(args, target, runner)
     results = []
     for regime in args.regimes:
+        if regime == SHARDED and not target.accepts_shard:  # its era has no decode sharding
+            result = RegimeResult(regime, not_applicable=NO_SHARD_FLAG)
+            print(f"  {regime:<12} not applicable: {NO_SHARD_FLAG}", flush=True)
+            results.append(result)
+            continue
         result = search(target, regime, runner, max_examples=args.max_examples,
                         max_ranks=args.max_ranks, derandomize=args.seed is None, seed=args.seed,
                         pcp_sizes=getattr(args, "world_sizes", None))
@@ -221,6 +261,37 @@ def _check(args, target, runner) -> int:
     if args.json:
         _write_json(args.json, target, results, counterexamples, args.function, written)
     return EXIT_VIOLATION if counterexamples else EXIT_HOLDS
+
+
+def run_vllm(args) -> int:
+    """`pcpcheck vllm SOURCE`: the release's manager, gather and wrappers on every rank."""
+    from pcpcheck.vllm import verdict
+    release = verdict.load_release(args.source)
+    print("\n".join(verdict.header(release)), flush=True)
+    runner = ThreadRunner(timeout=args.timeout)
+    if args.replay:
+        try:
+            observation = verdict.replay(release, runner, args.replay)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"--replay is not a case printed by pcpcheck: {exc}") from None
+        if not observation.violations:
+            print(f"  replayed step holds: {', '.join(observation.checked)}")
+            return EXIT_HOLDS
+        regime = observation.prepared.case.batch.regime
+        print(verdict.counterexample(release, regime, observation))
+        return EXIT_VIOLATION
+    outcome = verdict.check_release(
+        release, runner, regimes=tuple(dict.fromkeys(args.regime or verdict.DEFAULT_REGIMES)),
+        max_examples=args.max_examples, max_ranks=args.max_ranks, seed=args.seed,
+        empty_steps=args.empty_steps, progress=lambda r: print(verdict.regime_line(r), flush=True))
+    for index, (regime, observation) in enumerate(outcome.counterexamples, 1):
+        print(f"\nCounterexample {index}: " + verdict.counterexample(release, regime, observation))
+    print(f"\n{release.name}: " + ", ".join(f"{k} {v.split(':')[0]}" for k, v in outcome.verdicts().items())
+          + f"; {len(outcome.counterexamples)} violation(s) in {outcome.seconds:.1f} s")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(verdict.to_json(outcome), handle, indent=2)
+    return EXIT_VIOLATION if outcome.counterexamples else EXIT_HOLDS
 
 
 def _replay(args, target, runner) -> int:
@@ -250,6 +321,7 @@ def _write_json(path, target, results, counterexamples, function, repros) -> Non
         "verdict": "violated" if counterexamples else "holds",
         "regimes": {
             r.regime: {
+                "not_applicable": r.not_applicable or None,
                 "cases": r.cases,
                 "seconds": round(r.seconds, 3),
                 "invariants": {i: {"checked": r.checked[i], "violated": r.violated[i]}

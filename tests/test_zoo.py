@@ -19,7 +19,7 @@ import pytest
 import reference
 from pcpcheck.cases import Case
 from pcpcheck.cli import main
-from spec.names import COLLECTIVE, PAD_HYGIENE, REPLICA, RETURNS, UNIQUE
+from spec.names import PAD_HYGIENE, REPLICA, RETURNS, UNIQUE
 
 ZOO = Path(__file__).parent / "zoo"
 MAX_EXAMPLES = "300"
@@ -32,8 +32,6 @@ MAX_EXAMPLES = "300"
 ZOO_CASES = [
     # class 10: the early return keeps T[:nd]: one decode classified nd = 0 is never written.
     ("upstream.py", "draft-mixed", REPLICA, (2, 1, 1)),
-    # class 2: no shard flag: the rank owning the one decode takes C (no collective), its peer D.
-    ("legacy_no_shard.py", "sharded", COLLECTIVE, (2, 1, 1)),
     # class 1: branch E needs 0 < nd < L: a decode plus a padding row or a one-token prefill.
     ("bug01_local_block.py", "replicated", REPLICA, (2, 2, 2)),
     # class 3: the peer's one decode is dropped as "not owned" by nd.
@@ -101,12 +99,15 @@ def test_correct_zoo_gather_holds_everywhere(tmp_path):
     assert (code, verdict["verdict"], verdict["counterexamples"]) == (0, "holds", [])
 
 
-def test_legacy_gather_passes_replicated_and_fails_sharded_with_two_ranks(tmp_path):
-    code, _ = _check([ZOO / "legacy_no_shard.py", "--regime", "replicated"], tmp_path)
-    assert code == 0
-    code, verdict = _check([ZOO / "legacy_no_shard.py", "--regime", "sharded"], tmp_path)
-    case = verdict["counterexamples"][0]["case"]
-    assert code == 1 and case["batch"]["pcp_size"] == 2 and len(case["batch"]["requests"]) <= 2
+def test_legacy_gather_passes_replicated_and_sharded_is_not_applicable(tmp_path):
+    """A gather without the shard flag predates decode sharding: the sharded regime is not its
+    era (reported not applicable, with the reason), never a violation."""
+    code, verdict = _check([ZOO / "legacy_no_shard.py", "--regime", "replicated",
+                            "--regime", "sharded"], tmp_path)
+    sharded = verdict["regimes"]["sharded"]
+    assert (code, verdict["counterexamples"], sharded["cases"]) == (0, [], 0)
+    assert "no shard_decode_requests" in sharded["not_applicable"]
+    assert verdict["regimes"]["replicated"]["not_applicable"] is None
 
 
 def test_reproducer_file_fails_under_pytest(tmp_path):

@@ -117,7 +117,7 @@ def _prepared(case: Case, reports: list[dict], fallback) -> Prepared:
     sources = [[row_content(tokens[r], k, spec.row_bytes) for k, spec in enumerate(case.tensors)]
                for r in range(len(tokens))]
     expected = [dict(zip(s.tolist(), t.tolist())) for s, t in reference.expected_caches(case.batch)]
-    shard = bool(reports[0] and reports[0].get("shard"))
+    shard = case.batch.shard_decode_requests
     labels = np.unique(np.concatenate(tokens)) if tokens else np.zeros(0, dtype=np.int64)
     return Prepared(case, tokens, sources, slot_maps, nds, shard, expected, labels)
 
@@ -184,12 +184,13 @@ def era_case(case: Case, release: Release, empty_steps: bool = False) -> Case | 
     empty step unless asked (None: not a step this release runs)."""
     from pcpcheck.vllm.layout import release_order
     batch = case.batch
-    if not empty_steps and not any(r.num_tokens for r in batch.requests):
+    empty = not any(r.num_tokens for r in batch.requests)
+    if empty and not empty_steps:
         return None
     ordered = release_order(batch)
     if batch.regime not in DRAFT_REGIMES:
         graph = 0
-        if batch.graph_size and release.caps.graph_padding:
+        if batch.graph_size and release.caps.graph_padding and not empty:  # no graph runs empty
             extra = batch.graph_size - int(reference.layout(batch).counts.max(initial=0))
             widest = reference.layout(dataclasses.replace(ordered, graph_size=0),
                                       era=release.caps.era).counts.max(initial=0)

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pcpcheck import report
 from pcpcheck.cases import Case, cases
 from pcpcheck.engine import RegimeResult, search
-from pcpcheck.vllm.layout import differences  # noqa: F401 - re-exported for reports
 from pcpcheck.vllm.release import Release, load_release
 from pcpcheck.vllm.run import ReleaseObservation, ReleaseRunner, era_case
 from spec.names import DRAFT_MIXED, LAYOUT, REGIMES
