@@ -9,14 +9,14 @@ import re
 from pathlib import Path
 
 from pcpcheck.cli import main
-from spec.names import DCP, INVARIANTS, PRECONDITIONS, REGIMES, REPLICA, SHARD
+from spec.names import DCP, INVARIANTS, LAYOUT, PRECONDITIONS, REGIMES, REPLICA, SHARD
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_spec_md_states_exactly_the_ids_of_spec_names():
     headings = re.findall(r"^### (\w+)$", (ROOT / "spec" / "SPEC.md").read_text(), re.M)
-    assert headings == list(INVARIANTS) + list(PRECONDITIONS)
+    assert headings == [LAYOUT, *INVARIANTS, *PRECONDITIONS]  # LAYOUT: pcpcheck vllm only
 
 
 def test_main_job_reports_every_invariant_with_cases_in_every_regime_it_applies_to(tmp_path, capsys):
