@@ -162,3 +162,14 @@ def test_interface_errors_are_typed(tmp_path):
     path.write_text(path.read_text().replace("dcp_world_size: int = 1,", ""))
     with pytest.raises(InterfaceDrift, match="dcp_world_size"):
         load_release(str(root))
+
+
+@pytest.mark.parametrize("relpath, old, new, named", [
+    (MANAGER, "global_batch_slice", "batch_slice", "global_batch_slice"),  # a segment field
+    (GATHERS[0], "maybe_gather_indexer_k(k,", "maybe_gather_indexer_k(keys,", "'k'"),  # a keyword
+])
+def test_a_renamed_field_or_keyword_is_drift_naming_it(tmp_path, relpath, old, new, named):
+    path = checkout(tmp_path) / relpath
+    path.write_text(path.read_text().replace(old, new))
+    with pytest.raises(InterfaceDrift, match=named):
+        load_release(str(path.parents[len(Path(relpath).parts) - 1]))

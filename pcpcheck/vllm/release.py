@@ -32,6 +32,9 @@ MLA_WRAPPER = "maybe_gather_mla_latent_cache_inputs"
 INDEXER_WRAPPER = "maybe_gather_indexer_k"
 GATHER = "_gather_prefill_cache_inputs"
 SHARD = "shard_decode_requests"
+# The parameters pcpcheck passes by name (the wrappers' callers do the same).
+WRAPPER_PARAMS = {MLA_WRAPPER: ("kv_c_normed", "k_pe", "slot_mapping", "num_decode_tokens", "use_pcp"),
+                  INDEXER_WRAPPER: ("k", "slot_mapping", "num_decode_tokens", "use_pcp")}
 
 
 class InterfaceDrift(Exception):
@@ -194,6 +197,10 @@ def _capabilities(manager, gather, wrappers: dict, adapted: list[str]) -> Capabi
                              "(num_scheduled_tokens, num_computed_tokens, is_prefilling, "
                              "query_start_loc_np)")
     _require("PCPManager", manager, "_convert_to_gathered_slot_mappings")
+    for name, function in wrappers.items():
+        missing = [p for p in WRAPPER_PARAMS[name] if p not in _params(function)]
+        if missing:
+            raise InterfaceDrift(f"{name} has no parameter {missing[0]!r}")
     keywords = {key for function in wrappers.values() for key in _params(function)
                 if key.endswith(SHARD)}
     caps = Capabilities(
@@ -250,7 +257,23 @@ def load_release(source: Source | str) -> Release:
         adapted.append("no PCPManager.replicated_requests: judged by the 0.26 layout model")
     if not caps.graph_padding:
         adapted.append("_build_batch_layout has no padded_num_tokens: no graph padding drawn")
-    return Release(source, manager, gather_module, gather, caps, space.names, adapted)
+    release = Release(source, manager, gather_module, gather, caps, space.names, adapted)
+    _probe(release)
+    return release
+
+
+def _probe(release: Release) -> None:
+    """Lay one small step out with rank 0's manager: an internal it lacks (a segment field, an
+    attribute the layout sets) is interface drift, named in one line, not a verdict per case."""
+    from pcpcheck.vllm.layout import manager_view
+    from spec.names import Batch, Request
+    step = Batch(REPLICATED, 2, (Request(1, False, 0, (0,)), Request(5, True, 0, (1,))), 16)
+    try:
+        manager_view(release, step, 0)
+    except AttributeError as exc:
+        raise InterfaceDrift(f"PCPManager layout: {exc}") from None
+    except TypeError as exc:  # a changed signature: unexpected or missing argument
+        raise InterfaceDrift(f"PCPManager layout call: {exc}") from None
 
 
 @functools.lru_cache(maxsize=8)
