@@ -22,7 +22,7 @@ import reference
 import spec.invariants as inv
 from pcpcheck.cases import Case, as_tensor, row_content
 from pcpcheck.check import Observation, Prepared, RankView, Violation, judge, observe
-from pcpcheck.runner import RankOutcome
+from pcpcheck.runner import CollectiveAborted, RankOutcome
 from pcpcheck.vllm.layout import differences, expected_view, manager_view
 from pcpcheck.vllm.release import (INDEXER_WRAPPER, MLA_WRAPPER, Release, release_from_spec)
 from spec.names import DRAFT_REGIMES, LAYOUT, RETURNS, pad_label
@@ -94,6 +94,8 @@ def rank_step(case_json: str, source_spec: dict, rank: int) -> dict:
     try:
         report["value"] = _call_entry(release, report["entry"], tensors, slots, report["nd"],
                                       report["shard"])
+    except CollectiveAborted:
+        pass  # the trace already records the collective that never completed (COLLECTIVE)
     except Exception as exc:  # noqa: BLE001 - the release's verdict, judged as RETURNS
         outcome = RankOutcome()
         outcome.record_error(exc)
