@@ -25,7 +25,7 @@ from pcpcheck.check import Observation, Prepared, RankView, Violation, judge, ob
 from pcpcheck.runner import CollectiveAborted, RankOutcome
 from pcpcheck.vllm.layout import differences, expected_view, manager_view
 from pcpcheck.vllm.release import (INDEXER_WRAPPER, MLA_WRAPPER, Release, release_from_spec)
-from spec.names import DRAFT_REGIMES, LAYOUT, RETURNS, pad_label
+from spec.names import DRAFT, DRAFT_REGIMES, LAYOUT, RETURNS, pad_label
 
 # Which entry a case drives, by its tensor count: the indexer wrapper carries k, the MLA wrapper
 # (kv_c_normed, k_pe), and three tensors go to the gather itself.
@@ -182,13 +182,18 @@ class ReleaseRunner:
 
 def era_case(case: Case, release: Release, empty_steps: bool = False) -> Case | None:
     """A drawn case as the release would see it: requests in its batch order, graph padding only
-    where it has it (the same extra rows over the widest rank of its own era's layout), and no
-    empty step unless asked (None: not a step this release runs)."""
+    where it has it (the same extra rows over the widest rank of its own era's layout), one query
+    token per decode where it rejects drafts, and no empty step unless asked (None: not a step
+    this release runs)."""
     from pcpcheck.vllm.layout import release_order
     batch = case.batch
     empty = not any(r.num_tokens for r in batch.requests)
     if empty and not empty_steps:
         return None
+    if DRAFT in release.caps.not_applicable:  # no speculative tokens: a decode has 1 query token
+        batch = dataclasses.replace(batch, requests=tuple(
+            r if r.prefilling else dataclasses.replace(r, num_tokens=min(r.num_tokens, 1))
+            for r in batch.requests))
     ordered = release_order(batch)
     if batch.regime not in DRAFT_REGIMES:
         graph = 0
