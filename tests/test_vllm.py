@@ -86,12 +86,10 @@ def test_layout_counterexample_is_shrunk_and_shows_both_layouts(tmp_path):
     assert (batch.pcp_size, [r.num_tokens for r in batch.requests if r.num_tokens]) == (2, [3])
     text = counterexample(outcome.release, DCP, observation)
     assert "LAYOUT violated" in text and "replay: pcpcheck vllm" in text
-    side_by_side = [line.split() for line in text.splitlines()]
-    reference_line = side_by_side.index(["replicated", "reference", *side_by_side[
-        next(i for i, words in enumerate(side_by_side) if words[:2] == ["replicated", "reference"])][2:]])
-    assert side_by_side[reference_line][-1] == "True]"  # the 3-token prefill: replicated
-    assert side_by_side[reference_line + 1][:1] == ["release"]
-    assert side_by_side[reference_line + 1][-1] == "False]"  # the release splits it
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.split()[:2] == ["replicated", "reference"])
+    assert lines[at].endswith("True]")  # the reference replicates the 3-token prefill
+    assert lines[at + 1].split()[0] == "release" and lines[at + 1].endswith("False]")  # split
 
 
 def test_rank_dependent_layout_blames_the_odd_ranks_manager(tmp_path):
@@ -123,8 +121,8 @@ def test_interface_drift_is_one_line_exit_2(tmp_path, capsys):
 
 def test_bad_source_is_one_line_exit_2(tmp_path, capsys):
     assert main(["vllm", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.strip() == (
-        f"pcpcheck: SourceError: {tmp_path}: no {MANAGER} (not a vLLM checkout with the PCP manager)")
+    assert capsys.readouterr().err.strip() == (f"pcpcheck: SourceError: {tmp_path}: no {MANAGER} "
+                                               "(not a vLLM checkout with the PCP manager)")
 
 
 def test_cli_json_names_release_files_and_verdicts(tmp_path):
@@ -137,8 +135,8 @@ def test_cli_json_names_release_files_and_verdicts(tmp_path):
     assert document["layout_model"] == "0.30" and MANAGER in document["files"]
     assert document["counterexamples"][0]["invariant"] == LAYOUT
     replay = document["counterexamples"][0]["case"]
-    assert main(["vllm", str(checkout(tmp_path / "again", manager="bug13_decodes_not_prefix.py")),
-                 "--replay", json.dumps(replay)]) == 1
+    again = checkout(tmp_path / "again", manager="bug13_decodes_not_prefix.py")
+    assert main(["vllm", str(again), "--replay", json.dumps(replay)]) == 1
 
 
 def test_release_0_33_0_wheel_holds_end_to_end(tmp_path):

@@ -152,5 +152,6 @@ def differences(expected: dict, actual: dict) -> list[str]:
     lines = []
     for key in actual:
         if actual[key] != expected.get(key):
-            lines.append(f"{key:<18} reference {expected.get(key)}\n{'':<18} release   {actual[key]}")
+            lines.append(f"{key:<18} reference {expected.get(key)}\n"
+                         f"{'':<18} release   {actual[key]}")
     return lines

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from pcpcheck.loader import LoadError, StandInSpace, _make_target, exec_source
-from pcpcheck.vllm.source import GATHERS, MANAGER, Source, SourceError, from_spec, resolve
+from pcpcheck.vllm.source import GATHERS, MANAGER, Source, from_spec, resolve
 from reference import ERA_CURRENT, ERA_V026
 from spec.names import DCP, DRAFT, DRAFT_MIXED, REPLICATED, SHARDED
 
@@ -33,8 +33,10 @@ INDEXER_WRAPPER = "maybe_gather_indexer_k"
 GATHER = "_gather_prefill_cache_inputs"
 SHARD = "shard_decode_requests"
 # The parameters pcpcheck passes by name (the wrappers' callers do the same).
-WRAPPER_PARAMS = {MLA_WRAPPER: ("kv_c_normed", "k_pe", "slot_mapping", "num_decode_tokens", "use_pcp"),
-                  INDEXER_WRAPPER: ("k", "slot_mapping", "num_decode_tokens", "use_pcp")}
+WRAPPER_PARAMS = {
+    MLA_WRAPPER: ("kv_c_normed", "k_pe", "slot_mapping", "num_decode_tokens", "use_pcp"),
+    INDEXER_WRAPPER: ("k", "slot_mapping", "num_decode_tokens", "use_pcp"),
+}
 
 
 class InterfaceDrift(Exception):
@@ -95,7 +97,7 @@ class Capabilities:
     era: str  # the reference layout model that judges it (reference.ERAS)
     manager_shards: bool  # PCPManager(shard_decode_requests=...) exists
     gather_shard: bool  # the gather takes shard_decode_requests
-    wrapper_shard_keyword: str | None  # the wrappers' shard keyword (0.33: pcp_shard_decode_requests)
+    wrapper_shard_keyword: str | None  # the wrappers' shard keyword (pcp_shard_decode_requests)
     graph_padding: bool  # _build_batch_layout(padded_num_tokens=...)
     replicated_method: bool  # PCPManager.replicated_requests exists
     not_applicable: dict[str, str] = field(default_factory=dict)  # regime -> reason
@@ -155,9 +157,11 @@ def _require(owner: str, obj, name: str):
 def _synthetic_config(pcp: int, dcp: int, speculative: bool):
     """A vllm_config for validate_config: sparse MLA (DeepSeek-V3.2), no CUDA graphs, PCP = pcp,
     DCP = dcp, with single-module MTP drafts when `speculative`."""
-    spec = SimpleNamespace(method="mtp", use_dspark=lambda: False,
-                           use_multi_module_mtp=lambda: False,
-                           draft_model_config=SimpleNamespace(use_mla=True)) if speculative else None
+    spec = None
+    if speculative:
+        spec = SimpleNamespace(method="mtp", use_dspark=lambda: False,
+                               use_multi_module_mtp=lambda: False,
+                               draft_model_config=SimpleNamespace(use_mla=True))
     return SimpleNamespace(
         parallel_config=SimpleNamespace(
             prefill_context_parallel_size=pcp, decode_context_parallel_size=dcp,
@@ -286,5 +290,4 @@ def release_from_spec(spec: dict) -> Release:
     return _cached(json.dumps(spec, sort_keys=True))
 
 
-__all__ = ["Capabilities", "InterfaceDrift", "Release", "SourceError", "load_release",
-           "release_from_spec"]
+__all__ = ["Capabilities", "InterfaceDrift", "Release", "load_release", "release_from_spec"]

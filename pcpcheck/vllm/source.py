@@ -30,6 +30,7 @@ MANAGER = "vllm/v1/worker/gpu/pcp_manager.py"
 GATHERS = ("vllm/v1/attention/ops/pcp.py", "vllm/model_executor/layers/attention/pcp.py")
 CACHE_ENV = "PCPCHECK_WHEEL_CACHE"
 _RELEASE = re.compile(r"^(?:vllm==)?(\d+\.\d+\.\d+(?:[.\-+]?\w+)*)$")
+_VERSION_LINE = re.compile(r"""(?:__version__|version)\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""")
 
 
 class SourceError(Exception):
@@ -123,7 +124,7 @@ def fetch_release(version: str, directory: Path | None = None) -> Path:
 def _checkout_release(root: Path) -> str:
     for name in ("vllm/_version.py", "vllm/version.py"):
         text = (root / name).read_text(errors="replace") if (root / name).is_file() else ""
-        match = re.search(r"""(?:__version__|version)\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""", text)
+        match = _VERSION_LINE.search(text)
         if match:
             return match.group(1)
     return "unknown"
