@@ -141,6 +141,7 @@ class ReleaseRecord:
     files: tuple[tuple[str, str], ...]  # (path in the release, sha256) of every file read
     adapted: tuple[str, ...]  # working stand-ins given and how pcpcheck adapted to the release
     layout_model: str  # the reference layout era that judged it (reference.ERAS)
+    capabilities: dict = field(default_factory=dict)  # read from its code (vllm.release.Capabilities)
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,8 @@ class CheckResult:
             reproducers=tuple(data["reproducers"]), schema=data["schema"],
             release=None if data.get("release") is None else ReleaseRecord(**{
                 **data["release"], "files": tuple(data["release"]["files"].items()),
-                "adapted": tuple(data["release"]["adapted"])}))
+                "adapted": tuple(data["release"]["adapted"]),
+                "capabilities": data["release"].get("capabilities", {})}))
 
 
 # --- running ------------------------------------------------------------------------------------
@@ -495,7 +497,7 @@ def release_record(release) -> ReleaseRecord:
     info = release.release
     return ReleaseRecord(info["release"], info["source"]["kind"], info["source"]["location"],
                          tuple(info["files"].items()), tuple(info["adapted"]),
-                         info["caps"]["era"])
+                         info["caps"]["era"], dict(info["caps"]))
 
 
 # --- one case -----------------------------------------------------------------------------------

@@ -3,32 +3,34 @@
 Fixtures are the project's own vLLM-style files (tests/vllmlike/): a correct release tree and
 bug files that each change one method; a test assembles a checkout with one file swapped.
 The real 0.33.0 wheel is fetched at test time (pip download into a temporary directory).
+The release's code runs only in the backend's worker process, never in the driver.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
+from pcpcheck.api import check_release
 from pcpcheck.cli import main
-from pcpcheck.runner import ThreadRunner
-from pcpcheck.vllm.release import InterfaceDrift, load_release
+from pcpcheck.vllm.release import InterfaceDrift
 from pcpcheck.vllm.source import GATHERS, MANAGER, SourceError, fetch_release
-from pcpcheck.vllm.verdict import check_release, counterexample
 from spec.names import DCP, DRAFT, DRAFT_MIXED, LAYOUT, REPLICATED, RETURNS, SHARDED
+from spec.registry import GATHER_IDS, RELEASE, pairs
 
 VLLMLIKE = Path(__file__).parent / "vllmlike"
-RELEASE = VLLMLIKE / "release"
+RELEASE_TREE = VLLMLIKE / "release"
 EXAMPLES = 150
 
 
 def checkout(tmp_path: Path, manager: str | None = None, gather: str | None = None) -> Path:
     """The fixture release tree, with its manager or gather file replaced by a fixture file."""
     root = tmp_path / "checkout"
-    shutil.copytree(RELEASE, root)
+    shutil.copytree(RELEASE_TREE, root)
     if manager:
         shutil.copy(VLLMLIKE / manager, root / MANAGER)
     if gather:
@@ -37,22 +39,33 @@ def checkout(tmp_path: Path, manager: str | None = None, gather: str | None = No
 
 
 def run(source, regimes, examples=EXAMPLES, **kwargs):
-    source = str(source) if isinstance(source, Path) else source
-    return check_release(source, ThreadRunner(timeout=10), regimes=regimes,
-                         max_examples=examples, max_ranks=4, **kwargs)
+    return check_release(source, regimes=regimes, max_examples=examples, max_ranks=4, **kwargs)
 
 
-def test_correct_fixture_release_holds_and_names_its_files(tmp_path):
-    outcome = run(RELEASE, (SHARDED, REPLICATED, DCP, DRAFT))
-    assert outcome.verdicts() == {r: "holds" for r in (SHARDED, REPLICATED, DCP, DRAFT)}
-    release = outcome.release
-    assert set(release.files) == {MANAGER, GATHERS[0]}
-    assert all(len(digest) == 64 for digest in release.files.values())
+def test_correct_fixture_release_holds_and_names_its_files():
+    result = run(RELEASE_TREE, (SHARDED, REPLICATED, DCP, DRAFT))
+    assert result.verdicts() == {r: "holds" for r in (SHARDED, REPLICATED, DCP, DRAFT)}
+    release = result.release
+    files = dict(release.files)
+    assert set(files) == {MANAGER, GATHERS[0]}
+    assert all(len(digest) == 64 for digest in files.values())
     assert "vllm.config.CUDAGraphMode (working stand-in)" in release.adapted
-    assert any(name.endswith("get_pcp_group") for name in release.stand_ins)
-    assert all(r.cases == EXAMPLES for r in outcome.results)
-    assert (release.caps.era, release.caps.wrapper_shard_keyword) == ("0.30",
-                                                                      "pcp_shard_decode_requests")
+    assert any(name.endswith("get_pcp_group") for name in result.stand_ins)
+    assert all(r.cases == EXAMPLES for r in result.regimes)
+    assert (release.layout_model, release.capabilities["wrapper_shard_keyword"]) == (
+        "0.30", "pcp_shard_decode_requests")
+    assert all(r.count(LAYOUT).checked == EXAMPLES for r in result.regimes if r.regime != DRAFT)
+
+
+def test_release_code_runs_only_in_a_worker_process(tmp_path):
+    """The manager file records the pid of every process that executes it: never the driver's."""
+    root = checkout(tmp_path)
+    marker = tmp_path / "executed_by"
+    with open(root / MANAGER, "a") as handle:
+        handle.write(f"\nimport os as _os\nopen({str(marker)!r}, 'a').write(f'{{_os.getpid()}}\\n')\n")
+    assert run(root, (REPLICATED,), examples=5).verdicts() == {REPLICATED: "holds"}
+    pids = {int(line) for line in marker.read_text().split()}
+    assert pids and os.getpid() not in pids
 
 
 # file, replaced part, regime, the exact ID, extra options
@@ -67,9 +80,28 @@ BUGS = [
 @pytest.mark.parametrize("fixture, part, regime, invariant, options", BUGS)
 def test_bug_fixture_reports_its_exact_id(tmp_path, fixture, part, regime, invariant, options):
     root = checkout(tmp_path, **{part: fixture})
-    outcome = run(root, (regime,), **options)
-    first = [o.violations[0].invariant for _, o in outcome.counterexamples]
-    assert first and first[0] == invariant, outcome.verdicts()
+    result = run(root, (regime,), **options)
+    assert result.counterexamples and result.counterexamples[0].invariant == invariant, \
+        result.verdicts()
+
+
+# The registry's IDs that only `pcpcheck vllm` evaluates, and the fixture that makes each fire in
+# each regime it applies to (the gather IDs' triggers are tests/zoo/triggers.py: test_zoo.py).
+RELEASE_TRIGGERS = {
+    (LAYOUT, SHARDED): "bug13_decodes_not_prefix.py",
+    (LAYOUT, REPLICATED): "bug13_decodes_not_prefix.py",
+    (LAYOUT, DCP): "bug15_dcp_short_prefill.py",
+}
+RELEASE_PAIRS = [(i, r) for i, r in pairs(RELEASE) if i not in GATHER_IDS]
+
+
+@pytest.mark.parametrize("invariant, regime", RELEASE_PAIRS,
+                         ids=[f"{i}-{r}" for i, r in RELEASE_PAIRS])
+def test_every_release_invariant_fires_in_every_regime_it_applies_to(tmp_path, invariant, regime):
+    fixture = RELEASE_TRIGGERS.get((invariant, regime))
+    assert fixture, f"no vllmlike fixture triggers {invariant} in {regime}"
+    result = run(checkout(tmp_path, manager=fixture), (regime,))
+    assert [c.invariant for c in result.counterexamples][:1] == [invariant], result.verdicts()
 
 
 def test_zero_rows_are_a_hazard_only_when_asked(tmp_path):
@@ -79,12 +111,12 @@ def test_zero_rows_are_a_hazard_only_when_asked(tmp_path):
 
 
 def test_layout_counterexample_is_shrunk_and_shows_both_layouts(tmp_path):
-    outcome = run(checkout(tmp_path, manager="bug15_dcp_short_prefill.py"), (DCP,))
-    _, observation = outcome.counterexamples[0]
-    batch = observation.prepared.case.batch
+    result = run(checkout(tmp_path, manager="bug15_dcp_short_prefill.py"), (DCP,))
+    counterexample = result.counterexamples[0]
+    batch = counterexample.observation.prepared.case.batch
     # the minimal witness: P = 2 and one 3-token prefill, (2P-1)*ceil(3/4) == 3
     assert (batch.pcp_size, [r.num_tokens for r in batch.requests if r.num_tokens]) == (2, [3])
-    text = counterexample(outcome.release, DCP, observation)
+    text = counterexample.report
     assert "LAYOUT violated" in text and "replay: pcpcheck vllm" in text
     lines = text.splitlines()
     at = next(i for i, line in enumerate(lines) if line.split()[:2] == ["replicated", "reference"])
@@ -93,19 +125,19 @@ def test_layout_counterexample_is_shrunk_and_shows_both_layouts(tmp_path):
 
 
 def test_rank_dependent_layout_blames_the_odd_ranks_manager(tmp_path):
-    outcome = run(checkout(tmp_path, manager="bug14_rank_dependent_order.py"), (DCP,))
-    layout = outcome.counterexamples[0][1].violations[0]
-    assert layout.invariant == LAYOUT and layout.ranks == [1]
+    result = run(checkout(tmp_path, manager="bug14_rank_dependent_order.py"), (DCP,))
+    layout = result.counterexamples[0]
+    assert layout.invariant == LAYOUT and layout.ranks == (1,)
 
 
 def test_unreachable_regimes_are_not_applicable_with_the_reason(tmp_path):
-    outcome = run(checkout(tmp_path, manager="no_drafts.py"), (REPLICATED, DRAFT, DRAFT_MIXED))
-    verdicts = outcome.verdicts()
+    result = run(checkout(tmp_path, manager="no_drafts.py"), (REPLICATED, DRAFT, DRAFT_MIXED))
+    verdicts = result.verdicts()
     assert verdicts[REPLICATED] == "holds"
     for regime in (DRAFT, DRAFT_MIXED):
         assert verdicts[regime] == ("n/a: its validate_config rejects drafts: this release's PCP "
                                     "does not support speculative decoding")
-    assert not outcome.counterexamples
+    assert not result.counterexamples
 
 
 def test_interface_drift_is_one_line_exit_2(tmp_path, capsys):
@@ -125,18 +157,28 @@ def test_bad_source_is_one_line_exit_2(tmp_path, capsys):
                                                "(not a vLLM checkout with the PCP manager)")
 
 
-def test_cli_json_names_release_files_and_verdicts(tmp_path):
+def test_cli_json_names_release_files_and_verdicts(tmp_path, capsys):
     report = tmp_path / "verdict.json"
     code = main(["vllm", str(checkout(tmp_path, manager="bug13_decodes_not_prefix.py")),
                  "--regime", "replicated", "--max-examples", "100", "--max-ranks", "3",
                  "--json", str(report)])
     document = json.loads(report.read_text())
     assert code == 1 and document["verdict"] == "violated"
-    assert document["layout_model"] == "0.30" and MANAGER in document["files"]
+    assert document["release"]["layout_model"] == "0.30" and MANAGER in document["release"]["files"]
     assert document["counterexamples"][0]["invariant"] == LAYOUT
+    assert "wrapper keyword pcp_shard_decode_requests" in capsys.readouterr().out
     replay = document["counterexamples"][0]["case"]
     again = checkout(tmp_path / "again", manager="bug13_decodes_not_prefix.py")
     assert main(["vllm", str(again), "--replay", json.dumps(replay)]) == 1
+    assert main(["vllm", str(checkout(tmp_path / "fixed")), "--replay", json.dumps(replay)]) == 0
+
+
+def test_draft_mixed_is_opt_in_for_releases(tmp_path):
+    """The default regimes leave out the hazard regime, as `pcpcheck check` does."""
+    result = check_release(RELEASE_TREE, max_examples=3, max_ranks=2)
+    assert DRAFT_MIXED not in [r.regime for r in result.regimes]
+    assert DRAFT_MIXED in [r.regime for r in check_release(
+        RELEASE_TREE, regimes=(DRAFT_MIXED,), max_examples=3, max_ranks=2).regimes]
 
 
 def test_release_0_33_0_wheel_holds_end_to_end(tmp_path):
@@ -145,21 +187,21 @@ def test_release_0_33_0_wheel_holds_end_to_end(tmp_path):
         wheel = fetch_release("0.33.0", tmp_path)
     except SourceError as exc:
         pytest.fail(f"cannot fetch vllm==0.33.0 from the package registry: {exc}", pytrace=False)
-    release = load_release(str(wheel))
-    assert release.caps.manager_shards and release.caps.wrapper_shard_keyword
-    outcome = run(release, (SHARDED, REPLICATED, DCP, DRAFT), examples=40)
-    assert outcome.verdicts() == {r: "holds" for r in (SHARDED, REPLICATED, DCP, DRAFT)}
-    assert "vllm/v1/worker/gpu/pcp_manager.py" in release.files
+    result = run(wheel, (SHARDED, REPLICATED, DCP, DRAFT), examples=40)
+    assert result.release.capabilities["manager_shards"]
+    assert result.release.capabilities["wrapper_shard_keyword"]
+    assert result.verdicts() == {r: "holds" for r in (SHARDED, REPLICATED, DCP, DRAFT)}
+    assert "vllm/v1/worker/gpu/pcp_manager.py" in dict(result.release.files)
 
 
 def test_interface_errors_are_typed(tmp_path):
     with pytest.raises(SourceError):
-        load_release(str(tmp_path / "missing.whl"))
+        check_release(tmp_path / "missing.whl", max_examples=1)
     root = checkout(tmp_path)
     path = root / MANAGER
     path.write_text(path.read_text().replace("dcp_world_size: int = 1,", ""))
     with pytest.raises(InterfaceDrift, match="dcp_world_size"):
-        load_release(str(root))
+        check_release(root, max_examples=1)
 
 
 @pytest.mark.parametrize("relpath, old, new, named", [
@@ -170,4 +212,4 @@ def test_a_renamed_field_or_keyword_is_drift_naming_it(tmp_path, relpath, old, n
     path = checkout(tmp_path) / relpath
     path.write_text(path.read_text().replace(old, new))
     with pytest.raises(InterfaceDrift, match=named):
-        load_release(str(path.parents[len(Path(relpath).parts) - 1]))
+        check_release(path.parents[len(Path(relpath).parts) - 1], max_examples=1)
