@@ -24,7 +24,8 @@ from pcpcheck import cli
 from pcpcheck.baseline import parse_baseline
 from pcpcheck.diff import diff
 from pcpcheck.progress import LinePrinter
-from spec.names import DRAFT_MIXED, INVARIANTS, REPLICA, REPLICATED, SHARD, SHARDED
+from spec.names import DRAFT_MIXED, REPLICA, REPLICATED, SHARD, SHARDED
+from spec.registry import IDS
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / "tests" / "zoo"
@@ -128,11 +129,11 @@ def test_junit_has_a_case_per_regime_and_invariant(tmp_path):
                      "--junit", str(junit)]) == 1
     suite = ET.parse(junit).getroot()
     states = {case.get("name"): [child.tag for child in case] for case in suite.iter("testcase")}
-    assert set(states) == set(INVARIANTS)
+    assert set(states) == set(IDS)
     assert states.pop(REPLICA) == ["failure"] and states.pop(SHARD) == ["skipped"]
     assert all(children == [] for children in states.values())
     failure = suite.find("testcase[@name='REPLICA']/failure")
-    assert failure.get("message").startswith("REPLICA violated on rank(s) [0, 1]")
+    assert failure.get("message").startswith("REPLICA violated [hazard] on rank(s) [0, 1]")
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("9", "1", "1")
 
 

@@ -11,7 +11,8 @@ import tomllib
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from spec.names import DCP, DRAFT_MIXED, INVARIANTS, REPLICA, SHARD, SHARDED
+from spec.names import DCP, DRAFT_MIXED, HAZARD_REGIMES, REPLICA, SHARD, SHARDED
+from spec.registry import IDS
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / "tests" / "zoo"
@@ -85,12 +86,13 @@ def test_each_regime_x_invariant_is_an_item_failing_with_its_counterexample(tmp_
                          ("pcpcheck:upstream", f"{REPLICA}[{DRAFT_MIXED}]"): [0, 1]}
     for target in ("pcpcheck:bug03_nd_ownership", "pcpcheck:upstream"):
         for regime in (SHARDED, DRAFT_MIXED):
-            for invariant in INVARIANTS:
+            for invariant in IDS:
                 key = (target, f"{invariant}[{regime}]")
                 state, text = outcomes.pop(key)
                 if key in expected_failures:
                     assert state == "failed", key
-                    assert text.startswith(f"{invariant} violated on rank(s) "
+                    hazard = " [hazard]" if regime in HAZARD_REGIMES else ""
+                    assert text.startswith(f"{invariant} violated{hazard} on rank(s) "
                                            f"{expected_failures[key]} (regime {regime})"), text
                     assert "replay: pcpcheck check" in text
                 elif invariant == SHARD:
@@ -119,7 +121,7 @@ def test_baseline_turns_a_known_violation_into_an_xfail_and_a_correct_target_pas
     assert not failed
     passed = {name for (target, name), (state, _) in outcomes.items()
               if target == "pcpcheck:correct" and state == "passed"}
-    assert passed == {f"{i}[{r}]" for r in (DRAFT_MIXED, DCP) for i in INVARIANTS
+    assert passed == {f"{i}[{r}]" for r in (DRAFT_MIXED, DCP) for i in IDS
                       if i != (SHARD if r == DRAFT_MIXED else REPLICA)}
 
 
