@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pcpcheck.api import check_release
+from pcpcheck.api import CheckResult, check_release
 from pcpcheck.cli import main
 from pcpcheck.vllm.release import InterfaceDrift
 from pcpcheck.vllm.source import GATHERS, MANAGER, SourceError, fetch_release
@@ -166,6 +166,8 @@ def test_cli_json_names_release_files_and_verdicts(tmp_path, capsys):
     assert code == 1 and document["verdict"] == "violated"
     assert document["release"]["layout_model"] == "0.30" and MANAGER in document["release"]["files"]
     assert document["counterexamples"][0]["invariant"] == LAYOUT
+    assert CheckResult.from_json(report.read_text()).release.files == tuple(
+        document["release"]["files"].items())  # the API reads it back
     assert "wrapper keyword pcp_shard_decode_requests" in capsys.readouterr().out
     replay = document["counterexamples"][0]["case"]
     again = checkout(tmp_path / "again", manager="bug13_decodes_not_prefix.py")
