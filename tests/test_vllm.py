@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 
 from pcpcheck.api import CheckResult, check_release
+from pcpcheck.cases import Case, TensorSpec
 from pcpcheck.cli import main
 from pcpcheck.vllm.release import InterfaceDrift
 from pcpcheck.vllm.source import GATHERS, MANAGER, SourceError, fetch_release
-from spec.names import DCP, DRAFT, DRAFT_MIXED, LAYOUT, REPLICATED, RETURNS, SHARDED
+from spec.names import (DCP, DRAFT, DRAFT_MIXED, LAYOUT, REPLICATED, RETURNS, SHARDED, Batch,
+                        Request)
 from spec.registry import GATHER_IDS, RELEASE, pairs
 
 VLLMLIKE = Path(__file__).parent / "vllmlike"
@@ -215,3 +217,18 @@ def test_a_renamed_field_or_keyword_is_drift_naming_it(tmp_path, relpath, old, n
     path.write_text(path.read_text().replace(old, new))
     with pytest.raises(InterfaceDrift, match=named):
         check_release(path.parents[len(Path(relpath).parts) - 1], max_examples=1)
+
+
+def test_a_hanging_manager_gets_a_verdict(tmp_path, capsys):
+    """Release code is untrusted: a manager that never returns on some steps (P = 3 here; the
+    load-time probe uses P = 2) costs its worker, never the driver; the step gets a verdict."""
+    root = checkout(tmp_path)
+    path = root / MANAGER
+    path.write_text(path.read_text().replace(
+        "        size = self.pcp_world_size\n",
+        "        size = self.pcp_world_size\n        while size == 3:\n            pass\n", 1))
+    step = Case(Batch(REPLICATED, 3, (Request(1, False, 0, (0,)),), 16),
+                (TensorSpec((4,), "float32"),)).to_json()
+    assert main(["vllm", str(root), "--replay", step, "--timeout", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "did not return within 1 s" in out and "violated on rank(s)" in out

@@ -69,7 +69,7 @@ def counterexample(release: ReleaseInfo, regime: str, observation: ReleaseObserv
     location = release.release["source"]["location"]
     text = report.counterexample(observation, regime, location, None, release, replays)
     lines = [line for line in text.splitlines() if not line.startswith("  replay: ")]
-    lines.insert(1, f"  entry: {observation.entry}; layout model: era "
+    lines.insert(1, f"  entry: {observation.entry or '- (no rank reported)'}; layout model: era "
                     f"{capabilities(release).era}")
     for rank, diff in sorted(observation.layout_diffs.items()):
         lines.append(f"  {LAYOUT}: rank {rank}'s PCPManager differs from the reference:")
