@@ -3,6 +3,7 @@
     import pcpcheck
     result = pcpcheck.check("path/to/pcp.py", regimes=("sharded",), budget_s=60)
     assert result.holds, [c.report for c in result.new_violations]
+    release = pcpcheck.check_release("0.33.0")  # a vLLM release's own PCP path (pcpcheck vllm)
 
 The public surface is what this module exports; everything else may move. Names load on first
 use, so importing the package (as pytest does for the plugin) costs nothing.
@@ -14,6 +15,8 @@ import types
 _EXPORTS = {
     "check": "pcpcheck.api",
     "replay": "pcpcheck.api",
+    "check_release": "pcpcheck.api",
+    "ReleaseRecord": "pcpcheck.api",
     "diff": "pcpcheck.diff",
     "CheckResult": "pcpcheck.api",
     "Counterexample": "pcpcheck.api",

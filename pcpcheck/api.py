@@ -24,12 +24,15 @@ from pcpcheck.backends.base import WorkerError
 from pcpcheck.check import run_case
 from pcpcheck.engine import CheckerError, RegimeResult, Replays, search
 from pcpcheck.loader import LoadError
-from spec.names import DEFAULT_REGIMES, HAZARD_REGIMES, REGIMES
+from spec.names import DEFAULT_REGIMES, HAZARD_REGIMES, REGIMES, SHARDED
 from spec.registry import IDS
 
 SCHEMA_VERSION = 1
 DEFAULT_MAX_EXAMPLES = 3000
 EXIT_HOLDS, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
+DEFAULT_RELEASE_EXAMPLES = 1000  # steps per regime of `pcpcheck vllm` (each runs a release's manager)
+NO_SHARD_FLAG = ("the gather has no shard_decode_requests parameter: decodes are never sharded "
+                 "in its era (vLLM before 0.32)")
 
 
 class UsageError(ValueError):
@@ -60,6 +63,7 @@ class Options:
     timeout: float
     function: str | None
     baseline: str | None
+    empty_steps: bool = False  # pcpcheck vllm: also steps with no scheduled token (a hazard)
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ class RegimeSummary:
     check_seconds: float  # running and judging alone (drawing and shrinking excluded)
     invariants: tuple[InvariantCount, ...]
     budget_reached: bool  # stopped by --budget before max_examples
+    not_applicable: str | None = None  # why the target cannot reach this regime (nothing drawn)
 
     @property
     def checked(self) -> dict[str, int]:
@@ -127,6 +132,19 @@ class BaselineOutcome:
 
 
 @dataclass(frozen=True)
+class ReleaseRecord:
+    """What `check_release` checked: a vLLM release's files, as its worker read them."""
+
+    release: str  # the version the source states
+    kind: str  # wheel | checkout | installed
+    location: str
+    files: tuple[tuple[str, str], ...]  # (path in the release, sha256) of every file read
+    adapted: tuple[str, ...]  # working stand-ins given and how pcpcheck adapted to the release
+    layout_model: str  # the reference layout era that judged it (reference.ERAS)
+    capabilities: dict = field(default_factory=dict)  # read from its code (vllm.release.Capabilities)
+
+
+@dataclass(frozen=True)
 class CheckResult:
     version: str
     target: str  # as given (a path, module:function, impl)
@@ -138,6 +156,7 @@ class CheckResult:
     baseline: BaselineOutcome | None = None
     reproducers: tuple[str, ...] = ()  # files written by --repro-dir
     schema: int = SCHEMA_VERSION
+    release: ReleaseRecord | None = None  # `pcpcheck vllm`: the release checked
 
     @property
     def new_violations(self) -> tuple[Counterexample, ...]:
@@ -171,6 +190,15 @@ class CheckResult:
     def verdict(self) -> str:
         return "holds" if self.holds else "violated"
 
+    def verdicts(self) -> dict[str, str]:
+        """regime -> 'holds' | 'n/a: reason' | 'VIOLATED: ID, ID' (first IDs of its counterexamples)."""
+        out = {}
+        for summary in self.regimes:
+            found = [c.invariant for c in self.counterexamples if c.regime == summary.regime]
+            out[summary.regime] = (f"n/a: {summary.not_applicable}" if summary.not_applicable
+                                   else "VIOLATED: " + ", ".join(found) if found else "holds")
+        return out
+
     def to_json(self) -> str:
         """The document of docs/json-schema.md."""
         return json.dumps({
@@ -179,7 +207,7 @@ class CheckResult:
             "stand_ins": list(self.stand_ins), "options": asdict(self.options),
             "regimes": {s.regime: {
                 "cases": s.cases, "seconds": s.seconds, "check_seconds": s.check_seconds,
-                "budget_reached": s.budget_reached,
+                "budget_reached": s.budget_reached, "not_applicable": s.not_applicable,
                 "invariants": {c.invariant: {"checked": c.checked, "violated": c.violated}
                                for c in s.invariants}} for s in self.regimes},
             "counterexamples": [{
@@ -194,6 +222,9 @@ class CheckResult:
                 "path": self.baseline.path, "known": [list(e) for e in self.baseline.known],
                 "fixed": [list(e) for e in self.baseline.fixed]},
             "reproducers": list(self.reproducers),
+            "release": None if self.release is None else {
+                **asdict(self.release), "files": dict(self.release.files),
+                "adapted": list(self.release.adapted)},
         }, indent=2)
 
     @staticmethod
@@ -212,7 +243,8 @@ class CheckResult:
             regimes=tuple(RegimeSummary(
                 regime, r["cases"], r["seconds"], r["check_seconds"],
                 tuple(InvariantCount(i, c["checked"], c["violated"])
-                      for i, c in r["invariants"].items()), r["budget_reached"])
+                      for i, c in r["invariants"].items()), r["budget_reached"],
+                r.get("not_applicable"))
                 for regime, r in data["regimes"].items()),
             counterexamples=tuple(Counterexample(
                 regime=c["regime"],
@@ -225,7 +257,11 @@ class CheckResult:
             baseline=None if baseline is None else BaselineOutcome(
                 baseline["path"], tuple(map(tuple, baseline["known"])),
                 tuple(map(tuple, baseline["fixed"]))),
-            reproducers=tuple(data["reproducers"]), schema=data["schema"])
+            reproducers=tuple(data["reproducers"]), schema=data["schema"],
+            release=None if data.get("release") is None else ReleaseRecord(**{
+                **data["release"], "files": tuple(data["release"]["files"].items()),
+                "adapted": tuple(data["release"]["adapted"]),
+                "capabilities": data["release"].get("capabilities", {})}))
 
 
 # --- running ------------------------------------------------------------------------------------
@@ -352,10 +388,13 @@ def _search_all(target, runner, options: Options, progress: Progress):
         # the remaining budget is shared equally among the regimes still to run
         share = None if deadline is None else \
             time.monotonic() + (deadline - time.monotonic()) / (len(options.regimes) - index)
-        result = search(target, regime, runner, max_examples=options.max_examples,
-                        max_ranks=options.max_ranks, derandomize=options.seed is None,
-                        seed=options.seed, pcp_sizes=options.world_sizes, deadline=share,
-                        on_case=lambda r, regime=regime: progress.case(regime, r))
+        if regime == SHARDED and not target.accepts_shard:  # its era has no decode sharding
+            result = RegimeResult(regime, not_applicable=NO_SHARD_FLAG)
+        else:
+            result = search(target, regime, runner, max_examples=options.max_examples,
+                            max_ranks=options.max_ranks, derandomize=options.seed is None,
+                            seed=options.seed, pcp_sizes=options.world_sizes, deadline=share,
+                            on_case=lambda r, regime=regime: progress.case(regime, r))
         results.append(result)
         progress.finished(_summary(result))
     return results
@@ -366,23 +405,30 @@ def _summary(result) -> RegimeSummary:
                          round(result.check_seconds, 3),
                          tuple(InvariantCount(i, result.checked[i], result.violated[i])
                                for i in IDS if i in result.checked),
-                         result.budget_reached)
+                         result.budget_reached, result.not_applicable or None)
 
 
-def _result(source: str, target, options: Options, results, baseline: Baseline) -> CheckResult:
+def _result(source: str, target, options: Options, results, baseline: Baseline,
+            describe=None, release: ReleaseRecord | None = None) -> CheckResult:
+    """`describe(regime, observation, replays) -> (replay command, report text)`: default the
+    gather's (`pcpcheck check`)."""
+    if describe is None:
+        def describe(regime, observation, replays):
+            return (report.replay_command(target.source, observation, options.function),
+                    report.counterexample(observation, regime, target.source, options.function,
+                                          target, replays))
     shrunk = [(r.regime, o, p) for r in results for o, p in zip(r.counterexamples, r.replays)]
     into = report.fold([(regime, o) for regime, o, _ in shrunk])
     counterexamples = []
     for (regime, observation, replays), host in zip(shrunk, into):
         first = observation.violations[0].invariant
+        command, text = describe(regime, observation, replays)
         counterexamples.append(Counterexample(
             regime=regime,
             violations=tuple(ViolationRecord(v.invariant, tuple(v.ranks))
                              for v in observation.violations),
             case=observation.prepared.case.to_json(),
-            replay=report.replay_command(target.source, observation, options.function),
-            report=report.counterexample(observation, regime, target.source, options.function,
-                                         target, replays),
+            replay=command, report=text,
             known=(regime, first) in baseline.entries,
             hazard=regime in HAZARD_REGIMES,
             flaky=(replays.runs, replays.reproduced) if replays.flaky else None,
@@ -394,7 +440,64 @@ def _result(source: str, target, options: Options, results, baseline: Baseline) 
             options.baseline, tuple(e for e in baseline.entries if e in found),
             tuple(e for e in baseline.entries if e not in found and e[0] in options.regimes))
     return CheckResult(version(), source, target.name, tuple(target.stand_ins), options,
-                       tuple(_summary(r) for r in results), tuple(counterexamples), outcome)
+                       tuple(_summary(r) for r in results), tuple(counterexamples), outcome,
+                       release=release)
+
+
+# --- a vLLM release ------------------------------------------------------------------------------
+
+def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_RELEASE_EXAMPLES,
+                  max_ranks: int = 8, seed: int | None = None, budget_s: float | None = None,
+                  timeout: float = 10.0, empty_steps: bool = False,
+                  progress: Progress | None = None) -> CheckResult:
+    """Check a vLLM release's own PCP path (`pcpcheck vllm SOURCE`): its PCPManager's layout
+    (LAYOUT) and its gather and wrappers on every rank, per regime it can reach.
+
+    source: a release ('0.33.0', 'vllm==0.33.0'; fetched with pip into the wheel cache), a wheel,
+    a checkout, or 'installed'. The release is read and fetched here, but loaded and run only in
+    the backend's worker process. Raises UsageError, SourceError, InterfaceDrift (LoadError's), WorkerError.
+    """
+    from pcpcheck.vllm.source import resolve
+    from pcpcheck.vllm.verdict import counterexample, replay_command, search_regime
+    if isinstance(regimes, str):
+        regimes = (regimes,)
+    options = Options(tuple(dict.fromkeys(regimes)), max_examples, max_ranks, seed, budget_s,
+                      "threads", None, "cpu", timeout, None, None, empty_steps)
+    validate(options)
+    spec = resolve(os.fspath(source)).spec()  # finds or fetches the files; executes nothing
+    progress = progress or Progress()
+    with make_runner("threads", timeout=timeout, world_sizes=None, device="cpu") as backend:
+        release = load_release(backend, spec)
+        progress.started(release, options)
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+        results = []
+        for index, regime in enumerate(options.regimes):
+            share = None if deadline is None else \
+                time.monotonic() + (deadline - time.monotonic()) / (len(options.regimes) - index)
+            result = search_regime(release, regime, backend, max_examples=max_examples,
+                                   max_ranks=max_ranks, seed=seed, empty_steps=empty_steps,
+                                   deadline=share,
+                                   on_case=lambda r, regime=regime: progress.case(regime, r))
+            results.append(result)
+            progress.finished(_summary(result))
+    return _result(spec["location"], release, options, results, Baseline(None, ()),
+                   describe=lambda regime, observation, replays: (
+                       replay_command(release, observation),
+                       counterexample(release, regime, observation, replays)),
+                   release=release_record(release))
+
+
+def load_release(backend, spec: dict):
+    """The release loaded in the backend's worker: its ReleaseInfo (plain data)."""
+    from pcpcheck.backends.base import RELEASE
+    return backend.load(json.dumps(spec, sort_keys=True), RELEASE)
+
+
+def release_record(release) -> ReleaseRecord:
+    info = release.release
+    return ReleaseRecord(info["release"], info["source"]["kind"], info["source"]["location"],
+                         tuple(info["files"].items()), tuple(info["adapted"]),
+                         info["caps"]["era"], dict(info["caps"]))
 
 
 # --- one case -----------------------------------------------------------------------------------
@@ -432,6 +535,6 @@ def replay(target, case_json: str, function: str | None = None,
     return Verdict(not violated, violated, text)
 
 
-__all__ = ["check", "replay", "CheckResult", "Counterexample", "RegimeSummary", "Options",
+__all__ = ["check", "check_release", "replay", "ReleaseRecord", "CheckResult", "Counterexample", "RegimeSummary", "Options",
            "Verdict", "UsageError", "LoadError", "CheckerError", "WorkerError", "Progress",
            "version", "SCHEMA_VERSION"]

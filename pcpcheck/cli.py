@@ -16,14 +16,18 @@ import os
 import sys
 
 from pcpcheck import report
-from pcpcheck.api import (DEFAULT_MAX_EXAMPLES, EXIT_HOLDS, EXIT_USAGE, EXIT_VIOLATION,
-                          UsageError, check, default_world_sizes, make_runner, version)
+from pcpcheck.api import (DEFAULT_MAX_EXAMPLES, DEFAULT_RELEASE_EXAMPLES, EXIT_HOLDS, EXIT_USAGE,
+                          EXIT_VIOLATION, UsageError, check, check_release, default_world_sizes,
+                          make_runner, version)
 from pcpcheck.backends.base import WorkerError
 from pcpcheck.cases import Case
 from pcpcheck.check import run_case
 from pcpcheck.engine import CheckerError
 from pcpcheck.loader import LoadError
+from pcpcheck.vllm.release import InterfaceDrift
+from pcpcheck.vllm.source import SourceError
 from spec.names import DEFAULT_REGIMES, HAZARD_REGIMES, REGIMES
+from spec.registry import GATHER_IDS, RELEASE_IDS
 
 __all__ = ["main", "parse", "run_check", "UsageError", "LoadError", "CheckerError",
            "EXIT_HOLDS", "EXIT_VIOLATION", "EXIT_USAGE"]
@@ -119,11 +123,37 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("old")
     diff.add_argument("new")
     _add_common(diff)
+    _add_vllm(commands)
     return parser
 
 
+def _add_vllm(commands) -> None:
+    vllm = commands.add_parser("vllm", help="check a vLLM release's own PCP path on all ranks")
+    vllm.add_argument("source", help="a release (0.33.0, vllm==0.33.0), a wheel, a checkout, "
+                                     "or installed")
+    vllm.add_argument("--regime", action="append", choices=(*REGIMES, "all"), metavar="REGIME",
+                      help=f"regime to check, repeatable, or all (default: "
+                           f"{', '.join(DEFAULT_REGIMES)}; {', '.join(HAZARD_REGIMES)} is a "
+                           "hazard regime, checked only when named or with all)")
+    vllm.add_argument("--max-examples", type=_positive_int, default=DEFAULT_RELEASE_EXAMPLES,
+                      help="steps drawn per regime (default %(default)s)")
+    vllm.add_argument("--max-ranks", type=int, default=8,
+                      help="largest PCP size P drawn, 2..8 (default %(default)s)")
+    vllm.add_argument("--seed", type=int, help="random seed (default: derandomized, repeatable)")
+    vllm.add_argument("--timeout", type=float, default=10.0,
+                      help="seconds a rank may take for one step before it counts as hung")
+    vllm.add_argument("--budget", type=_positive_float, metavar="SECONDS",
+                      help="wall-clock limit across all regimes")
+    vllm.add_argument("--empty-steps", action="store_true",
+                      help="also draw steps with no scheduled token (a hazard: the model "
+                           "runner never runs them)")
+    vllm.add_argument("--json", metavar="FILE",
+                      help="write the result as JSON (schema: docs/json-schema.md)")
+    vllm.add_argument("--replay", metavar="CASE_JSON", help="judge this one step")
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
-    if not argv or argv[0] not in ("check", "diff", "-h", "--help", "--version"):
+    if not argv or argv[0] not in ("check", "diff", "vllm", "-h", "--help", "--version"):
         argv = ["check", *argv]
     args = _parser().parse_args(argv)
     if not args.regime:
@@ -134,6 +164,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.regimes = tuple(dict.fromkeys(args.regime))
     if not 0 < args.timeout < float("inf"):  # nan fails both comparisons
         raise UsageError(f"--timeout must be positive and finite (seconds), got {args.timeout}")
+    if args.command == "vllm" and args.replay:
+        args.replay = replay_case(args.replay)
     if args.command == "check":
         if args.replay:  # a malformed case is a usage error before anything starts
             args.replay = replay_case(args.replay)
@@ -156,9 +188,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "diff":
             from pcpcheck.diff import run_diff
             return run_diff(args)
+        if args.command == "vllm":
+            return run_vllm(args)
         return run_check(args)
     except UsageError as exc:
         print(f"pcpcheck: usage error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (SourceError, InterfaceDrift) as exc:  # pcpcheck vllm: one line naming the problem
+        print(f"pcpcheck: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except LoadError as exc:
         print(f"pcpcheck: cannot load target: {exc}", file=sys.stderr)
@@ -198,9 +235,46 @@ def run_check(args, runner=None) -> int:
     return result.exit_code
 
 
+def run_vllm(args) -> int:
+    """`pcpcheck vllm SOURCE`: the release's manager, gather and wrappers on every rank (in a
+    worker process: pcpcheck.api.check_release)."""
+    check_outputs(args)
+    use_cache_dir()
+    if args.replay:
+        return _replay_release(args)
+    from pcpcheck.progress import LinePrinter
+    result = check_release(args.source, regimes=args.regimes, max_examples=args.max_examples,
+                           max_ranks=args.max_ranks, seed=args.seed, budget_s=args.budget,
+                           timeout=args.timeout, empty_steps=args.empty_steps,
+                           progress=LinePrinter())
+    print_report(result)
+    print(f"\n{result.target_name}: " + ", ".join(
+        f"{regime} {text.split(':')[0]}" for regime, text in result.verdicts().items()))
+    write_outputs(args, result)
+    return result.exit_code
+
+
+def _replay_release(args) -> int:
+    from pcpcheck.api import load_release
+    from pcpcheck.vllm import verdict
+    from pcpcheck.vllm.source import resolve
+    spec = resolve(args.source).spec()
+    with make_runner("threads", timeout=args.timeout, world_sizes=None, device="cpu") as backend:
+        release = load_release(backend, spec)
+        print("\n".join(verdict.header(release)), flush=True)
+        observation = verdict.observe_release_case(args.replay, release, backend)
+    if not observation.violations:
+        print(f"  replayed step holds: {', '.join(observation.checked)}")
+        return EXIT_HOLDS
+    print(verdict.counterexample(release, args.replay.batch.regime, observation))
+    return EXIT_VIOLATION
+
+
 def print_report(result) -> None:
     print()
-    print("\n".join(report.verdict_table(result.regimes)))
+    ids = RELEASE_IDS if result.release is not None else GATHER_IDS
+    print("\n".join(report.verdict_table(result.regimes, ids)))
+
     shown = [k for k, c in enumerate(result.counterexamples) if c.folded_into is None]
     if shown:
         print("\n" + report.LEGEND)

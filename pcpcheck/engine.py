@@ -67,6 +67,7 @@ class RegimeResult:
     violated: Counter = field(default_factory=Counter)  # invariant -> cases violating it
     counterexamples: list[Observation] = field(default_factory=list)  # shrunk, one per invariant
     replays: list[Replays] = field(default_factory=list)  # one per counterexample, in order
+    not_applicable: str = ""  # why the target cannot reach this regime (then nothing is drawn)
     seconds: float = 0.0  # wall time of the whole search
     check_seconds: float = 0.0  # of which running and judging cases (drawing excluded)
     budget_reached: bool = False  # the deadline stopped the search early
@@ -74,13 +75,17 @@ class RegimeResult:
 
 def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8,
            derandomize: bool = True, seed: int | None = None, pcp_sizes=None,
-           deadline: float | None = None, on_case=None) -> RegimeResult:
+           deadline: float | None = None, on_case=None, strategy=None, run=run_case,
+           reduce: bool = True) -> RegimeResult:
     """Check `target` on up to max_examples drawn cases of one regime, shrinking violations.
 
     `runner` is a pcpcheck.backends.Backend and `target` the TargetInfo it loaded.
     `pcp_sizes` restricts the world sizes drawn (a process backend's pools); default 2..max_ranks.
     `deadline` (time.monotonic()): stop there; each invariant is then reported with the smallest
     violating case seen so far (shrinking may be cut short). `on_case(result)` after every case.
+    `strategy` replaces the default case strategy and `run(case, target, runner)` run_case
+    (`pcpcheck vllm` draws steps in a release's order and runs them through rank_step); reduce=False
+    skips the greedy reductions (their cases are not in a release's order).
     """
     result = RegimeResult(regime)
     smallest: dict[str, Observation] = {}  # per first invariant, for a search the deadline ends
@@ -89,12 +94,13 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
               report_multiple_bugs=True, verbosity=Verbosity.quiet, print_blob=False,
               phases=(Phase.explicit, Phase.generate, Phase.shrink),
               suppress_health_check=list(HealthCheck))
-    @given(case=cases(regimes=(regime,), max_ranks=max_ranks, pcp_sizes=pcp_sizes))
+    @given(case=strategy if strategy is not None
+           else cases(regimes=(regime,), max_ranks=max_ranks, pcp_sizes=pcp_sizes))
     def check(case: Case) -> None:
         if deadline is not None and time.monotonic() >= deadline:
             raise _BudgetReached
         started = time.perf_counter()
-        observation = run_case(case, target, runner)
+        observation = run(case, target, runner)
         result.check_seconds += time.perf_counter() - started
         result.cases += 1
         result.checked.update(observation.checked)
@@ -127,20 +133,20 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
         raise
     except Exception as exc:  # noqa: BLE001 - a failure of pcpcheck itself, never a verdict
         raise CheckerError(f"pcpcheck failed while checking: {exc!r}") from exc
-    if not result.budget_reached:  # past the budget, the search's smallest cases stand
+    if reduce and not result.budget_reached:  # past the budget, the search's smallest cases stand
         result.counterexamples = [_reduced(o, runner, target) for o in result.counterexamples]
     result.counterexamples.sort(key=lambda o: IDS.index(o.violations[0].invariant))
     result.seconds = time.perf_counter() - started  # the search's rate: replays excluded
-    result.replays = [replay(runner, target, o, REPLAYS) for o in result.counterexamples]
+    result.replays = [replay(runner, target, o, REPLAYS, run) for o in result.counterexamples]
     return result
 
 
-def replay(runner, target, observation: Observation, runs: int) -> Replays:
+def replay(runner, target, observation: Observation, runs: int, run=run_case) -> Replays:
     """Run a counterexample's case `runs` more times; count the runs that show its violation."""
     invariant = observation.violations[0].invariant
     reproduced = 0
     for _ in range(runs):
-        violations = run_case(observation.prepared.case, target, runner).violations
+        violations = run(observation.prepared.case, target, runner).violations
         reproduced += bool(violations) and violations[0].invariant == invariant
     return Replays(runs, reproduced)
 

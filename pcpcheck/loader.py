@@ -271,7 +271,15 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self):
         self.modules: dict[str, StandInModule] = {}
         self.names: list[str] = []
+        self.provided: list[str] = []
         self._lock = threading.RLock()
+
+    def provide(self, module: str, name: str, value: Any) -> None:
+        """Bind `module.name` to a working stand-in (a real class, a helper) before a load;
+        recorded in `provided` (what the loader adapted), not in `names`."""
+        setattr(self.module(module), name, value)
+        with self._lock:
+            self.provided.append(f"{module}.{name}")
 
     def record(self, name: str) -> None:
         with self._lock:
@@ -514,28 +522,37 @@ def _load_file(path: Path, function: str | None) -> Target:
     except OSError as exc:
         raise LoadError(f"{path}: cannot read: {_one_line(exc)}") from None
     filename = str(path)
+    space = StandInSpace()
+    module = exec_source(source, filename, space, _package_from_path(path.resolve()))
+    return _make_target(module, function, filename, filename, space, path.name)
+
+
+def exec_source(source: str, filename: str, space: StandInSpace,
+                package: str = "") -> types.ModuleType:
+    """Execute `source` (the text of `filename`, which may live in a wheel) as a fresh module
+    whose vllm.* imports `space` serves; `package` resolves its relative imports. LoadError
+    (one line) on failure."""
     try:
         code = compile(source, filename, "exec", dont_inherit=True)
     except SyntaxError as exc:
         raise LoadError(f"{filename}:{exc.lineno}: syntax error: {_one_line(exc.msg)}") from None
     except ValueError as exc:  # null bytes
         raise LoadError(f"{filename}: cannot compile: {_one_line(exc)}") from None
-    stem = "".join(c if c.isalnum() else "_" for c in path.stem)
+    stem = "".join(c if c.isalnum() else "_" for c in Path(filename).stem)
     module_name = f"pcpcheck_target_{next(_counter)}_{stem}"
-    space = StandInSpace()
     module = types.ModuleType(module_name)
     module.__file__ = filename
-    module.__package__ = _package_from_path(path.resolve())
+    module.__package__ = package
     module.__dict__["__builtins__"] = space.builtins_dict()
     with space.active():
         sys.modules[module_name] = module
         try:
             exec(code, module.__dict__)
         except (Exception, SystemExit) as exc:
-            raise _import_failure(exc, filename, path.name) from None
+            raise _import_failure(exc, filename, Path(filename).name) from None
         finally:
             sys.modules.pop(module_name, None)
-    return _make_target(module, function, filename, filename, space, path.name)
+    return module
 
 
 def _load_module(spec_text: str, function: str | None) -> Target:
@@ -605,5 +622,5 @@ def load_target(target: str | None, function: str | None = None) -> Target:
     return _load_module(text, function)
 
 
-__all__ = ["LoadError", "StandInError", "Target", "load_target", "Inert", "StandInSpace"]
+__all__ = ["LoadError", "StandInError", "Target", "load_target", "Inert", "StandInSpace", "exec_source"]
 

@@ -20,6 +20,10 @@ class LinePrinter(Progress):
         self._started: dict[str, float] = {}
 
     def started(self, target, options) -> None:
+        if getattr(target, "release", None):  # a vLLM release: its files, model, stand-ins
+            from pcpcheck.vllm.verdict import header
+            print("\n".join(header(target)), file=self.stream, flush=True)
+            return
         world = (f" ({options.backend}, world sizes {','.join(map(str, options.world_sizes))})"
                  if options.backend != "threads" and options.world_sizes else "")
         print(f"pcpcheck: checking {target.name}{world}", file=self.stream)
@@ -44,6 +48,10 @@ class LinePrinter(Progress):
     def finished(self, summary) -> None:
         if self.live:
             self.stream.write("\r\x1b[K")
+        if summary.not_applicable:
+            print(f"  {summary.regime:<12} not applicable: {summary.not_applicable}",
+                  file=self.stream, flush=True)
+            return
         budget = "  (budget reached)" if summary.budget_reached else ""
         state = "VIOLATED" if any(c.violated for c in summary.invariants) else "holds"
         print(f"  {summary.regime:<12} {report.rates(summary)}  {state}{budget}",

@@ -98,7 +98,7 @@ class TargetCollector(pytest.Collector):
 
     def collect(self):
         from spec.names import DEFAULT_REGIMES
-        from spec.registry import IDS
+        from spec.registry import GATHER_IDS as IDS
         regimes = tuple(dict.fromkeys(self.config.getoption("pcp_regime"))) or DEFAULT_REGIMES
         for regime in regimes:
             for invariant in IDS:

@@ -7,7 +7,7 @@ import shlex
 from pcpcheck.cases import describe
 from pcpcheck.check import Observation
 from spec.names import DCP, HAZARD_REGIMES, NO_ROW
-from spec.registry import IDS
+from spec.registry import GATHER_IDS
 
 
 def label(value: int) -> str:
@@ -168,12 +168,13 @@ def folded_line(counterexamples, into: list[int | None], index: int) -> str | No
             f"({'; '.join(names)}), most likely the same bug; --json lists each")
 
 
-def verdict_table(results) -> list[str]:
-    """Per regime and invariant: cases the predicate ran on, and on how many it failed."""
+def verdict_table(results, ids=GATHER_IDS) -> list[str]:
+    """Per regime and invariant (`ids`: those of the checker): cases the predicate ran on, and
+    on how many it failed."""
     regimes = [r.regime + (" [hazard]" if r.regime in HAZARD_REGIMES else "") for r in results]
     width = max(12, *(len(r) + 2 for r in regimes))
     lines = ["invariant".ljust(14) + "".join(r.rjust(width) for r in regimes)]
-    for invariant in IDS:
+    for invariant in ids:
         cells = []
         for result in results:
             count = result.checked.get(invariant, 0)

@@ -6,9 +6,13 @@ spec.names, never spec/ logic, impl/ or pcpcheck/.
 
 from reference.cache import expected_caches, write_cache
 from reference.gather import branch, gather
-from reference.layout import Layout, dcp_size, expand_slot_mapping, global_slots, layout
+from reference.layout import (ERA_CURRENT, ERA_V026, ERAS, Layout, dcp_size, expand_slot_mapping,
+                              global_slots, hidden_restore_index, layout, replicated_requests)
 
 __all__ = [
+    "ERAS",
+    "ERA_CURRENT",
+    "ERA_V026",
     "Layout",
     "branch",
     "dcp_size",
@@ -16,6 +20,8 @@ __all__ = [
     "expected_caches",
     "gather",
     "global_slots",
+    "hidden_restore_index",
     "layout",
+    "replicated_requests",
     "write_cache",
 ]

@@ -145,63 +145,45 @@ def expand_slot_mapping(gidx, wmask, slots) -> np.ndarray:
     return out
 
 
-def layout(batch: Batch, slots=None) -> Layout:
+# Layout eras: where vLLM's PCP manager really changed (pcp-semantics section 9).
+ERA_CURRENT = "0.30"  # 0.30 onward: section 2 (decodes first; DCP short prefills replicated)
+ERA_V026 = "0.26"  # 0.26-0.29: every prefill split, pure prefills last, decodes not first
+ERAS = (ERA_CURRENT, ERA_V026)
+
+
+def layout(batch: Batch, slots=None, era: str = ERA_CURRENT) -> Layout:
     """The PCP manager's layout of `batch` (section 2) and each rank's gather inputs.
 
     slots: optional override of the global slot mapping: a list of per-DCP-rank (N,) arrays, or
-    one array when D = 1. Default: section 3's formula.
+    one array when D = 1. Default: section 3's formula. era: which manager's layout (ERAS).
     """
     if batch.pcp_size < 1:
         raise ValueError("pcp_size must be >= 1")
+    if era not in ERAS:
+        raise ValueError(f"unknown layout era {era!r}, expected one of {ERAS}")
     if batch.regime in DRAFT_REGIMES:
         return _draft_layout(batch, slots)
     if batch.regime not in EXPANDED_REGIMES:
         raise ValueError(f"unknown regime {batch.regime!r}")
+    if era == ERA_V026 and batch.regime == SHARDED:
+        raise ValueError("the 0.26 layout has no decode sharding")
     pp = batch.pcp_size
-    two_p = 2 * pp
     dd = dcp_size(batch)
     sharded = batch.regime == SHARDED
-    # Segments (first token id, length, written?) per rank, decode rows first, then prefill rows;
-    # each list is built in request order and, within a request, chunk-start order, which is the
-    # row order (is_prefilling, request index, chunk start). A few tuples per request: plain Python
-    # is faster than numpy at this size.
-    dec = [[] for _ in range(pp)]
-    pre = [[] for _ in range(pp)]
-    start = 0
-    ordinal = 0
-    for request in batch.requests:
-        q = request.num_tokens
-        if q < 0:
-            raise ValueError("a request has a negative num_tokens")
-        if q == 0:
-            continue
-        c = -(-q // two_p)
-        target = pre if request.prefilling else dec
-        if not request.prefilling or (dd > 1 and (two_p - 1) * c >= q):  # replicated
-            if sharded:  # one owner, round robin over replicated requests with rows
-                target[ordinal % pp].append((start, q, True))
-                ordinal += 1
-            else:  # every rank; rank 0 is the canonical writer
-                for r in range(pp):
-                    target[r].append((start, q, r == 0))
-        else:  # split prefill: head chunk r, tail chunk 2P-1-r, empty chunks dropped
-            for r in range(pp):
-                rows = target[r]
-                lo = r * c
-                if lo < q:
-                    rows.append((start + lo, min(c, q - lo), True))
-                lo = (two_p - 1 - r) * c
-                if lo < q:
-                    rows.append((start + lo, min(c, q - lo), True))
-        start += q
+    per_rank = _rank_segments(batch) if era == ERA_CURRENT else _rank_segments_v026(batch)
     segs = []
     seg_rank_l = []
     nds = []
     for r in range(pp):
-        segs += dec[r]
-        segs += pre[r]
-        seg_rank_l += [r] * (len(dec[r]) + len(pre[r]))
-        nds.append(sum(seg[1] for seg in dec[r]))
+        rows = [seg[1:] for seg in sorted(per_rank[r], key=lambda seg: seg[0])]  # stable
+        segs += [(start, length, write) for start, length, write, _ in rows]
+        seg_rank_l += [r] * len(rows)
+        leading = 0  # nd: the leading decode rows (the kernel's split, sem section 9)
+        for _, length, _, decode in rows:
+            if not decode:
+                break
+            leading += length
+        nds.append(leading)
     if segs:
         seg_arr = np.array(segs, dtype=_I64)
         seg_tok, seg_len, seg_write = seg_arr[:, 0], seg_arr[:, 1], seg_arr[:, 2].astype(bool)
@@ -250,6 +232,89 @@ def layout(batch: Batch, slots=None) -> Layout:
         num_decode_tokens=nds,
         shard=sharded,
     )
+
+
+def _split_chunks(q: int, two_p: int, rank: int):
+    """(offset, length) of rank's head and tail DualChunkSwap chunks, empty chunks dropped."""
+    c = -(-q // two_p)
+    for lo in (rank * c, (two_p - 1 - rank) * c):
+        if lo < q:
+            yield lo, min(c, q - lo)
+
+
+def _rank_segments(batch: Batch) -> list:
+    """Section 2 (0.30 on): per rank, (sort key, first token, length, written?, decode?) per
+    segment; sorted by (is_prefilling, request index, chunk start)."""
+    pp, dd, two_p = batch.pcp_size, dcp_size(batch), 2 * batch.pcp_size
+    sharded = batch.regime == SHARDED
+    out = [[] for _ in range(pp)]
+    start = ordinal = 0
+    for index, request in enumerate(batch.requests):
+        q = request.num_tokens
+        if q < 0:
+            raise ValueError("a request has a negative num_tokens")
+        if q == 0:
+            continue
+        c = -(-q // two_p)
+        decode = not request.prefilling
+        if decode or (dd > 1 and (two_p - 1) * c >= q):  # replicated
+            key = (request.prefilling, index, 0)
+            if sharded:  # one owner, round robin over replicated requests with rows
+                out[ordinal % pp].append((key, start, q, True, decode))
+                ordinal += 1
+            else:  # every rank; rank 0 is the canonical writer
+                for r in range(pp):
+                    out[r].append((key, start, q, r == 0, decode))
+        else:  # split prefill: head chunk r, tail chunk 2P-1-r
+            for r in range(pp):
+                out[r] += [((True, index, lo), start + lo, n, True, False)
+                           for lo, n in _split_chunks(q, two_p, r)]
+        start += q
+    return out
+
+
+def _rank_segments_v026(batch: Batch) -> list:
+    """The 0.26-0.29 manager: decodes on every rank (rank 0 writes), every prefill split (D > 1
+    too), each rank's rows in request order except pure prefill chunks (first position 0 of
+    the sequence) moved last, stably."""
+    pp, two_p = batch.pcp_size, 2 * batch.pcp_size
+    out = [[] for _ in range(pp)]
+    start = 0
+    for request in batch.requests:
+        q = request.num_tokens
+        if q < 0:
+            raise ValueError("a request has a negative num_tokens")
+        if q == 0:
+            continue
+        for r in range(pp):
+            if not request.prefilling:
+                out[r].append((False, start, q, r == 0, True))
+            else:
+                out[r] += [(request.context_len + lo == 0, start + lo, n, True, False)
+                           for lo, n in _split_chunks(q, two_p, r)]
+        start += q
+    return out
+
+
+def hidden_restore_index(lay: Layout, num_tokens: int) -> np.ndarray:
+    """(N,) position of each global token's written copy in the padded gathered rows (the
+    manager's hidden restore index: global = gathered[restore])."""
+    restore = np.zeros(num_tokens, dtype=_I64)
+    written = np.flatnonzero(lay.wmask)
+    restore[lay.gidx[written]] = written
+    return restore
+
+
+def replicated_requests(batch: Batch, era: str = ERA_CURRENT) -> list[bool]:
+    """Per request: every rank gets the whole query (decodes; D > 1 and 0.30 on, short prefills)."""
+    two_p = 2 * batch.pcp_size
+    out = []
+    for request in batch.requests:
+        q = request.num_tokens
+        short = (two_p - 1) * -(-q // two_p) >= q
+        out.append(not request.prefilling
+                   or (era == ERA_CURRENT and dcp_size(batch) > 1 and short))
+    return out
 
 
 def _draft_layout(batch: Batch, slots) -> Layout:

@@ -79,3 +79,11 @@ def shard(owned: list[dict[int, int]], caches: list[dict[int, int]], tokens: lis
         return False
     covered = [token for cache in owned for token in cache.values()]
     return sorted(covered) == sorted(tokens)
+
+
+def layout_conformance(expected: dict, actual: dict) -> bool:
+    """LAYOUT: a manager's layout of a step equals the reference's, field by field (plain lists:
+    per-rank rows in order, decode counts, width, padded gather index, KV write mask, hidden
+    restore index, replicated requests, expanded slot maps). A field the manager does not have
+    is absent from `actual` and is not compared."""
+    return all(actual[key] == expected.get(key) for key in actual)

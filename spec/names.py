@@ -50,6 +50,9 @@ UNIQUE = "UNIQUE"
 PAD_HYGIENE = "PAD_HYGIENE"
 COLLECTIVE = "COLLECTIVE"
 NO_MUTATION = "NO_MUTATION"
+# LAYOUT: a vLLM release's own PCP manager lays a step out as the reference does (checked by
+# `pcpcheck vllm` only, which runs the manager; spec.registry scopes it).
+LAYOUT = "LAYOUT"
 
 # Precondition IDs: what makes a step well formed (a case violating one is not drawn).
 # WF_SLOTS: every real token has a distinct non-negative slot, owned by one DCP rank (dcp: the

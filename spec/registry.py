@@ -14,14 +14,20 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from spec import invariants as inv
-from spec.names import (COLLECTIVE, DCP, LENGTH, NO_MUTATION, PAD_HYGIENE, PAIRING, REGIMES,
-                        REPLICA, RETURNS, SHARD, UNIQUE)
+from spec.names import (COLLECTIVE, DCP, LAYOUT, LENGTH, NO_MUTATION, PAD_HYGIENE, PAIRING,
+                        REGIMES, REPLICA, REPLICATED, RETURNS, SHARD, SHARDED, UNIQUE)
 
 # Scopes: what one evaluation of the predicate covers.
 PER_RANK = "per rank"  # once per rank: (step, rank)
 PER_TENSOR = "per tensor"  # once per rank and returned tensor: (step, rank, tensor)
 GLOBAL = "global"  # once per case: (step,)
 GLOBAL_PER_TENSOR = "global per tensor"  # once per tensor over every rank: (step, tensor)
+PER_MANAGER = "per rank's manager"  # once per rank's PCPManager: (expected view, its view)
+
+# Checkers: which command evaluates an ID. A gather alone has no layout: LAYOUT needs a release's
+# own PCPManager, which only `pcpcheck vllm` runs; every gather ID is judged by both.
+GATHER = "pcpcheck check"
+RELEASE = "pcpcheck vllm"
 
 
 @dataclass
@@ -61,11 +67,16 @@ class Invariant:
     arguments: Callable[..., tuple]  # (step, *unit) -> the predicate's arguments
     needs_output: bool = False  # evaluated only on ranks whose call returned well-formed outputs
     blame: Callable[..., list[int]] | None = None  # global scopes: the ranks at fault
+    checkers: tuple[str, ...] = (GATHER, RELEASE)
 
 
 _D1 = tuple(regime for regime in REGIMES if regime != DCP)  # every rank holds a full replica
 
 REGISTRY: tuple[Invariant, ...] = (
+    # Judged in the driver of `pcpcheck vllm` on each rank's manager view (pcpcheck.vllm.run), not
+    # by `evaluate`: the Step of a gather call has no layout. Drafts use no manager.
+    Invariant(LAYOUT, inv.layout_conformance, PER_MANAGER, (SHARDED, REPLICATED, DCP),
+              lambda expected, actual: (expected, actual), checkers=(RELEASE,)),
     Invariant(RETURNS, inv.returns, PER_RANK, REGIMES,
               lambda step, r: ([step.ranks[r].error],)),
     Invariant(COLLECTIVE, inv.collective_agreement, GLOBAL, REGIMES,
@@ -89,16 +100,20 @@ REGISTRY: tuple[Invariant, ...] = (
 
 IDS = tuple(entry.id for entry in REGISTRY)
 BY_ID = {entry.id: entry for entry in REGISTRY}
+GATHER_IDS = tuple(entry.id for entry in REGISTRY if GATHER in entry.checkers)
+RELEASE_IDS = tuple(entry.id for entry in REGISTRY if RELEASE in entry.checkers)
 
 
-def applicable(regime: str) -> tuple[Invariant, ...]:
-    """The entries that apply in a regime, in priority order."""
-    return tuple(entry for entry in REGISTRY if regime in entry.regimes)
+def applicable(regime: str, checker: str = GATHER) -> tuple[Invariant, ...]:
+    """The entries a checker evaluates in a regime, in priority order."""
+    return tuple(entry for entry in REGISTRY if regime in entry.regimes and checker in entry.checkers)
 
 
-def pairs() -> list[tuple[str, str]]:
-    """Every (ID, regime) where the ID applies: each needs a trigger that makes it fire."""
-    return [(entry.id, regime) for entry in REGISTRY for regime in entry.regimes]
+def pairs(checker: str | None = None) -> list[tuple[str, str]]:
+    """Every (ID, regime) where the ID applies (for one checker, or any): each needs a trigger
+    that makes it fire."""
+    return [(entry.id, regime) for entry in REGISTRY for regime in entry.regimes
+            if checker is None or checker in entry.checkers]
 
 
 def evaluate(step: Step, regime: str) -> tuple[dict[str, list[int]], tuple[str, ...]]:
@@ -106,7 +121,7 @@ def evaluate(step: Step, regime: str) -> tuple[dict[str, list[int]], tuple[str, 
     failed: dict[str, set[int]] = {}
     ran: list[str] = []
     ranks = range(len(step.ranks))
-    for entry in applicable(regime):
+    for entry in applicable(regime, GATHER):
         if entry.scope in (PER_RANK, PER_TENSOR):
             tensors = range(step.num_tensors) if entry.scope == PER_TENSOR else (None,)
             units = [(r, k) for r in ranks for k in tensors

@@ -25,7 +25,7 @@ from pcpcheck.baseline import parse_baseline
 from pcpcheck.diff import diff
 from pcpcheck.progress import LinePrinter
 from spec.names import DRAFT_MIXED, REPLICA, REPLICATED, SHARD, SHARDED
-from spec.registry import IDS
+from spec.registry import GATHER_IDS as IDS  # `pcpcheck check`'s IDs (LAYOUT: pcpcheck vllm)
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / "tests" / "zoo"
@@ -103,6 +103,18 @@ def test_json_document_follows_the_documented_schema(upstream_result):
     broken = dict(document, verdict="maybe")
     del broken["options"]["seed"]
     assert len(conforms(broken, _schema("pcpcheck check result"))) == 2
+
+
+def test_a_release_result_follows_the_documented_schema_and_round_trips():
+    """`pcpcheck vllm`'s result: the same document, with the release, its files and the
+    regimes it cannot reach (the fixture's manager rejects nothing: every regime is searched)."""
+    result = pcpcheck.api.check_release(ROOT / "tests" / "vllmlike" / "release",
+                                        regimes=(REPLICATED,), max_examples=5, max_ranks=2)
+    document = json.loads(result.to_json())
+    assert conforms(document, _schema("pcpcheck check result")) == []
+    assert document["release"]["layout_model"] == "0.30" and document["release"]["files"]
+    assert document["regimes"][REPLICATED]["invariants"]["LAYOUT"]["checked"] == 5
+    assert pcpcheck.CheckResult.from_json(result.to_json()) == result
 
 
 def test_a_callable_target_is_checked_by_its_importable_name():

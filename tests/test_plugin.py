@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from spec.names import DCP, DRAFT_MIXED, HAZARD_REGIMES, REPLICA, SHARD, SHARDED
-from spec.registry import IDS
+from spec.registry import GATHER_IDS as IDS  # `pcpcheck check`'s IDs (LAYOUT: pcpcheck vllm)
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / "tests" / "zoo"

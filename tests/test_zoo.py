@@ -26,7 +26,7 @@ from pcpcheck.engine import _reduced
 from spec.names import (COLLECTIVE, DCP, DEFAULT_REGIMES, DRAFT, DRAFT_MIXED, HAZARD_REGIMES,
                         PAD_HYGIENE, REGIMES, REPLICA, REPLICATED, RETURNS, SHARDED, UNIQUE, Batch,
                         Request)
-from spec.registry import pairs
+from spec.registry import GATHER, pairs
 
 ZOO = Path(__file__).parent / "zoo"
 MAX_EXAMPLES = "300"
@@ -40,8 +40,6 @@ ZOO_CASES = [
     # class 10 (hazard): the early return keeps T[:nd]: a 2-token draft block the kernel
     # classifies as prefill (nd = 0) is never written.
     ("upstream.py", "draft-mixed", REPLICA, (2, 2, 2)),
-    # class 2: no shard flag: the rank owning the one decode takes C (no collective), its peer D.
-    ("legacy_no_shard.py", "sharded", COLLECTIVE, (2, 1, 1)),
     # class 1: branch E needs 0 < nd < L: a decode plus a padding row or a one-token prefill.
     ("bug01_local_block.py", "replicated", REPLICA, (2, 2, 2)),
     # class 3: the peer's one decode is dropped as "not owned" by nd.
@@ -127,10 +125,12 @@ PINNED = {
 }
 
 
-@pytest.mark.parametrize("invariant, regime", pairs(), ids=[f"{i}-{r}" for i, r in pairs()])
+@pytest.mark.parametrize("invariant, regime", pairs(GATHER), ids=[f"{i}-{r}" for i, r in pairs(GATHER)])
 def test_every_invariant_fires_in_every_regime_it_applies_to(invariant, regime, capsys):
-    """Each (ID, regime) of spec.registry has a checker-level trigger reported under that exact ID:
-    `pcpcheck check tests/zoo/triggers.py --function fires_ID --replay PINNED_CASE`."""
+    """Each (ID, regime) `pcpcheck check` evaluates has a checker-level trigger reported under that
+    exact ID: `pcpcheck check tests/zoo/triggers.py --function fires_ID --replay PINNED_CASE`.
+    The IDs only `pcpcheck vllm` evaluates (LAYOUT) get theirs from vLLM-style fixtures:
+    tests/test_vllm.py::test_every_release_invariant_fires_in_every_regime_it_applies_to."""
     case = Case(PINNED[regime], (TensorSpec((4,), "float32"),)).to_json()
     code = main(["check", str(ZOO / "triggers.py"), "--function", f"fires_{invariant}",
                  "--replay", case])
@@ -238,12 +238,17 @@ def test_call_line_shows_what_the_target_was_called_with(capsys):
             in capsys.readouterr().out)
 
 
-def test_legacy_gather_passes_replicated_and_fails_sharded_with_two_ranks(tmp_path):
-    code, _ = _check([ZOO / "legacy_no_shard.py", "--regime", "replicated"], tmp_path)
-    assert code == 0
-    code, verdict = _check([ZOO / "legacy_no_shard.py", "--regime", "sharded"], tmp_path)
-    case = verdict["counterexamples"][0]["case"]
-    assert code == 1 and case["batch"]["pcp_size"] == 2 and len(case["batch"]["requests"]) <= 2
+def test_legacy_gather_passes_replicated_and_sharded_is_not_applicable(tmp_path, capsys):
+    """A gather without the shard flag predates decode sharding: the sharded regime is not its
+    era (reported not applicable, with the reason), never a violation. Replayed on a sharded case
+    by name, it still runs (class 2: see test_call_line_shows_what_the_target_was_called_with)."""
+    code, verdict = _check([ZOO / "legacy_no_shard.py", "--regime", "replicated",
+                            "--regime", "sharded"], tmp_path)
+    sharded = verdict["regimes"]["sharded"]
+    assert (code, verdict["counterexamples"], sharded["cases"]) == (0, [], 0)
+    assert "no shard_decode_requests" in sharded["not_applicable"]
+    assert verdict["regimes"]["replicated"]["not_applicable"] is None
+    assert "sharded      not applicable: the gather has no shard_decode_requests" in capsys.readouterr().out
 
 
 def test_reproducer_file_fails_under_pytest(tmp_path):

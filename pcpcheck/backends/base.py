@@ -11,6 +11,7 @@ and judges it. A backend never judges, and never imports the target: its workers
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from pcpcheck.backends import wire
@@ -19,6 +20,10 @@ from pcpcheck.loader import LoadError
 GRACE = 1.5  # seconds the driver waits past a death or a hang for the other ranks' reports
 STARTUP_TIMEOUT = 120.0  # seconds for a worker to start (import torch, join a group)
 LOAD_TIMEOUT = 10.0  # least seconds for a started worker to import the target (--timeout if longer)
+# The `function` of a vLLM release (`pcpcheck vllm`): its `source` is the release's source spec as
+# JSON (pcpcheck.vllm.source.Source.spec); the worker loads the release and runs
+# pcpcheck.vllm.run.rank_step on every rank.
+RELEASE = "<vllm release>"
 
 
 class WorkerError(Exception):
@@ -37,6 +42,26 @@ class TargetInfo:
     function_name: str
 
 
+@dataclass(frozen=True)
+class ReleaseInfo(TargetInfo):
+    """A vLLM release as the worker that loaded it described it, in plain data: `release` holds
+    release, source (spec), files (relpath -> sha256), adapted, caps (pcpcheck.vllm.release
+    .Capabilities fields)."""
+
+    release: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReleaseStep:
+    """A case for a release: its ranks build their own inputs (their managers lay the step out)."""
+
+    case: object  # pcpcheck.cases.Case
+
+    @property
+    def size(self) -> int:
+        return self.case.batch.pcp_size
+
+
 @dataclass
 class RankResult:
     """One rank's call, as the worker reported it (or as the driver records a lost rank)."""
@@ -49,6 +74,7 @@ class RankResult:
     inputs_after: list[bytes] | None = None  # None: unknown (the rank never reported)
     poisoned: bool = False  # its process group failed: the pool must be replaced
     input_device: str = "cpu"  # where the rank's inputs were (outputs must be there too)
+    step: dict | None = None  # a release's rank: its rank_step report (layout, inputs), plain data
 
 
 class Backend:
@@ -67,7 +93,7 @@ class Backend:
             try:
                 self._targets[key] = self._load(source, function)
             except LoadError as exc:  # every load failure names what was being loaded
-                if str(exc).startswith(source):
+                if function == RELEASE or str(exc).startswith(source):  # a release's names itself
                     raise
                 raise LoadError(f"{source}: {exc}") from None
         return self._targets[key]
@@ -102,15 +128,31 @@ def load_message(target_source: str, function: str | None, copies: int) -> dict:
 def target_info(source: str, function: str | None, header: dict) -> TargetInfo:
     """The driver's TargetInfo from a worker's reply (LoadError if it is one)."""
     if header.get("op") == "load_error":
-        raise LoadError(str(header.get("message"))[:500])
+        raise _load_error(header.get("kind"))(str(header.get("message"))[:500])
     if header.get("op") != "loaded":
         raise LoadError(f"{source}: the worker answered {str(header.get('op'))[:50]!r} to loading")
-    return TargetInfo(source, function, str(header["name"]), tuple(map(str, header["stand_ins"])),
-                      bool(header["accepts_shard"]), str(header["function_name"]))
+    fields = (source, function, str(header["name"]), tuple(map(str, header["stand_ins"])),
+              bool(header["accepts_shard"]), str(header["function_name"]))
+    if function == RELEASE:
+        return ReleaseInfo(*fields, release=json.loads(json.dumps(header["release"])))
+    return TargetInfo(*fields)
+
+
+def _load_error(kind) -> type:
+    """The driver's class for a worker's load failure: a release's own kinds (one line each)."""
+    if kind in ("InterfaceDrift", "SourceError"):
+        from pcpcheck.vllm.release import InterfaceDrift
+        from pcpcheck.vllm.source import SourceError
+        return {"InterfaceDrift": InterfaceDrift, "SourceError": SourceError}[kind]
+    return LoadError
 
 
 def case_message(prepared, target: TargetInfo, ranks) -> tuple[dict, list]:
-    """The case for the ranks a worker hosts: its inputs as bytes, nothing else."""
+    """The case for the ranks a worker hosts: its inputs as bytes, nothing else (a release's
+    step: the case as JSON; its ranks lay it out themselves)."""
+    if target.function == RELEASE:
+        return {"op": "case", "source": target.source, "function": RELEASE, "size": prepared.size,
+                "step": prepared.case.to_json(), "ranks": list(ranks)}, []
     header = {"op": "case", "source": target.source, "function": target.function or "",
               "size": prepared.size, "shard": prepared.shard,
               "tensors": [[str(spec.torch_dtype), list(spec.trailing)] for spec in prepared.case.tensors],
@@ -127,10 +169,13 @@ def decode_rank(result: dict, blobs: list) -> RankResult:
     rank = RankResult(error=_text(result.get("error")), error_detail=_text(result.get("error_detail")),
                       output=str(result.get("output") or ""), poisoned=bool(result.get("poisoned")),
                       input_device=str(result.get("input_device", "cpu"))[:40])
+    if isinstance(result.get("step"), dict):
+        rank.step = result["step"]
     for entry in result.get("trace") or []:
         rank.trace.append(tuple(tuple(item) if isinstance(item, list) else item for item in entry))
     try:
-        rank.inputs_after = [bytes(blobs[i]) for i in result["inputs_after"]]
+        after = result["inputs_after"]  # None: a release's rank that made no call
+        rank.inputs_after = None if after is None else [bytes(blobs[i]) for i in after]
         if rank.error is None:
             rank.value = wire.decode_value(result.get("value"), blobs)
     except (ValueError, TypeError, KeyError, IndexError, RuntimeError) as exc:

@@ -171,7 +171,11 @@ class Worker:
 
     # --- loading ----------------------------------------------------------------------------
     def load(self, header: dict) -> None:
+        from pcpcheck.backends.base import RELEASE
         from pcpcheck.loader import LoadError, load_target
+        if header["function"] == RELEASE:
+            self.load_release(header)
+            return
         key = (header["source"], header["function"])
         try:
             copies = [load_target(header["source"], header["function"] or None)
@@ -189,22 +193,44 @@ class Worker:
                              "accepts_shard": first.accepts_shard, "accepts_group": first.accepts_group,
                              "source": first.source, "function_name": first.function_name})
 
+    def load_release(self, header: dict) -> None:
+        """A vLLM release (`pcpcheck vllm`): its manager and gather executed here, its
+        capabilities read from its code; the reply describes it in plain data."""
+        from dataclasses import asdict
+        from pcpcheck.vllm.release import release_from_spec
+        try:
+            release = release_from_spec(json.loads(header["source"]))
+        except BaseException as exc:  # noqa: BLE001 - SourceError, InterfaceDrift, anything else
+            kind = type(exc).__name__
+            text = str(exc).splitlines()[0] if str(exc) else kind
+            if kind not in ("InterfaceDrift", "SourceError", "LoadError"):
+                text = f"loading the release failed: {kind}: {text}"
+            wire.send(self.out, {"op": "load_error", "kind": kind, "message": text[:500]})
+            return
+        self.targets[(header["source"], header["function"])] = [release]
+        wire.send(self.out, {
+            "op": "loaded", "name": release.name, "stand_ins": list(release.stand_ins),
+            "accepts_shard": release.caps.gather_shard,
+            "function_name": release.gather.function_name,
+            "release": {"release": release.source.release, "source": release.source.spec(),
+                        "files": release.files, "adapted": list(release.adapted),
+                        "caps": asdict(release.caps)}})
+
     # --- cases ------------------------------------------------------------------------------
     def case(self, header: dict, blobs: list) -> None:
         targets = self.targets[(header["source"], header["function"])]
         self.capture.reset()
         self.status.begin()
-        if self.adapter is None:
+        if "step" in header:
+            results, out_blobs = self._release_case(header)
+        elif self.adapter is None:
             results, out_blobs = self._threads_case(header, blobs, targets)
         else:
             results, out_blobs = self._rank_case(header, blobs, targets[0])
         wire.send(self.out, {"op": "result", "ranks": results}, out_blobs)
 
-    def _threads_case(self, header, blobs, targets):
-        from pcpcheck.rankctx import current_group
-        size, shard = header["size"], header["shard"]
-        inputs = [_inputs(header, blobs, rank, self.device) for rank in range(size)]
-        ranges = [[] for _ in range(size)]
+    def _on_switch(self, ranges: list):
+        """The greenlet scheduler's hook: what each rank prints, and the status file."""
         began = [0]
 
         def on_switch(rank: int, state: int) -> None:
@@ -214,6 +240,39 @@ class Worker:
             elif position > began[0]:
                 ranges[rank].append((began[0], position))
             self.status.switch(rank, state)
+        return on_switch
+
+    def _release_case(self, header):
+        """A release's step on every rank as greenlets: rank_step lays it out with the rank's
+        own PCPManager and calls the release's entry; the layout goes back as plain data."""
+        from pcpcheck.vllm.run import STEP_FIELDS, rank_step
+        size, case_json, spec = header["size"], header["step"], json.loads(header["source"])
+        ranges = [[] for _ in range(size)]
+        outcomes = self.threads.run(size, lambda rank: rank_step(case_json, spec, rank),
+                                    self._on_switch(ranges))
+        out_blobs: list = []
+        results = []
+        for rank, outcome in enumerate(outcomes):
+            step = outcome.value if isinstance(outcome.value, dict) else None
+            text = self.capture.text(ranges[rank])
+            if step is not None and step.get("inputs") is not None:
+                call = RankOutcome(value=step["value"], error=step["error"],
+                                   error_detail=step["error_detail"], trace=outcome.trace)
+                result = encode_rank(rank, call, step["inputs"], text, out_blobs)
+            else:  # no call: the manager raised (in the step), or rank_step itself did
+                result = {"rank": rank, "error": outcome.error, "error_detail": outcome.error_detail,
+                          "trace": [_trace_entry(e) for e in outcome.trace], "output": text,
+                          "value": None, "inputs_after": None}
+            result["step"] = None if step is None else {key: step.get(key) for key in STEP_FIELDS}
+            results.append(result)
+        return results, out_blobs
+
+    def _threads_case(self, header, blobs, targets):
+        from pcpcheck.rankctx import current_group
+        size, shard = header["size"], header["shard"]
+        inputs = [_inputs(header, blobs, rank, self.device) for rank in range(size)]
+        ranges = [[] for _ in range(size)]
+        on_switch = self._on_switch(ranges)
 
         def call(rank: int):
             tensors, slots, nd = inputs[rank]

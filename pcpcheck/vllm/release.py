@@ -1,0 +1,293 @@
+"""Load a vLLM release's PCP path (manager, gather, wrappers) and read its capabilities from its
+own code.
+
+`load_release(source) -> Release`. The manager file (`pcp_manager.py`) and the gather file
+(`pcp.py`) are executed as fresh modules with the loader's stand-ins (pcpcheck.loader
+StandInSpace) for their `vllm.*` imports; names the layout methods really use get working
+stand-ins (`STAND_INS`: real classes for the annotated types, the host-to-device copy as a CPU
+copy, CUDAGraphMode as an enum). Capabilities come from the release's code: its constructor's
+parameters, its `_build_batch_layout` signature, its `validate_config` run on a synthetic config,
+its gather's and wrappers' signatures. An internal pcpcheck needs that the release lacks is
+`InterfaceDrift`: one line naming it (exit 2).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import inspect
+import json
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from pcpcheck.loader import LoadError, StandInSpace, _make_target, exec_source
+from pcpcheck.vllm.source import GATHERS, MANAGER, Source, from_spec, resolve
+from reference import ERA_CURRENT, ERA_V026
+from spec.names import DCP, DRAFT, DRAFT_MIXED, REPLICATED, SHARDED
+
+MLA_WRAPPER = "maybe_gather_mla_latent_cache_inputs"
+INDEXER_WRAPPER = "maybe_gather_indexer_k"
+GATHER = "_gather_prefill_cache_inputs"
+SHARD = "shard_decode_requests"
+# The parameters pcpcheck passes by name (the wrappers' callers do the same).
+WRAPPER_PARAMS = {
+    MLA_WRAPPER: ("kv_c_normed", "k_pe", "slot_mapping", "num_decode_tokens", "use_pcp"),
+    INDEXER_WRAPPER: ("k", "slot_mapping", "num_decode_tokens", "use_pcp"),
+}
+
+
+class InterfaceDrift(LoadError):
+    """The release lacks (or renamed) an internal pcpcheck drives; one line naming it."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Working stand-ins for what the layout methods use (everything else stays inert)
+
+
+class CUDAGraphMode(enum.Enum):
+    NONE = 0
+    PIECEWISE = 1
+    FULL = 2
+    FULL_DECODE_ONLY = (2, 0)
+    FULL_AND_PIECEWISE = (2, 1)
+
+    def has_full_cudagraphs(self) -> bool:
+        return self in (CUDAGraphMode.FULL, CUDAGraphMode.FULL_DECODE_ONLY,
+                        CUDAGraphMode.FULL_AND_PIECEWISE)
+
+    def separate_routine(self) -> bool:
+        return isinstance(self.value, tuple)
+
+
+def _host_to_device(data, *args, device=None, dtype=None, out=None, **kwargs):
+    """async_tensor_h2d / async_copy_to_gpu on CPU: a copy (into `out` when given)."""
+    tensor = torch.from_numpy(np.array(data)) if not isinstance(data, torch.Tensor) else data
+    if dtype is not None:
+        tensor = tensor.to(dtype)
+    if out is not None:
+        return out.copy_(tensor)
+    return tensor.clone()
+
+
+def _annotated(name: str) -> type:
+    """A real class for a type the manager file annotates with (annotations are evaluated)."""
+    return type(name, (), {"__module__": "pcpcheck.vllm.standin"})
+
+
+STAND_INS = {
+    "vllm.config": {"CUDAGraphMode": CUDAGraphMode, "VllmConfig": _annotated("VllmConfig")},
+    "vllm.utils.torch_utils": {"async_tensor_h2d": _host_to_device},
+    "vllm.v1.worker.gpu.buffer_utils": {"async_copy_to_gpu": _host_to_device},
+    "vllm.v1.worker.gpu.block_table": {"BlockTables": _annotated("BlockTables")},
+    "vllm.v1.worker.gpu.input_batch": {"InputBatch": _annotated("InputBatch"),
+                                       "InputBuffers": _annotated("InputBuffers")},
+    "vllm.v1.worker.gpu.states": {"RequestState": _annotated("RequestState")},
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# The release
+
+
+@dataclass
+class Capabilities:
+    era: str  # the reference layout model that judges it (reference.ERAS)
+    manager_shards: bool  # PCPManager(shard_decode_requests=...) exists
+    gather_shard: bool  # the gather takes shard_decode_requests
+    wrapper_shard_keyword: str | None  # the wrappers' shard keyword (pcp_shard_decode_requests)
+    graph_padding: bool  # _build_batch_layout(padded_num_tokens=...)
+    replicated_method: bool  # PCPManager.replicated_requests exists
+    not_applicable: dict[str, str] = field(default_factory=dict)  # regime -> reason
+
+
+@dataclass
+class Release:
+    source: Source
+    manager: type  # PCPManager
+    gather_module: object
+    gather: object  # pcpcheck.loader.Target of the release's gather
+    caps: Capabilities
+    stand_ins: list[str]  # vllm names stood in for (inert)
+    adapted: list[str]  # working stand-ins provided, and how pcpcheck adapted to the release
+
+    @property
+    def name(self) -> str:
+        return f"vLLM {self.source.release}"
+
+    @property
+    def manager_params(self) -> set[str]:
+        return set(_params(self.manager.__init__))
+
+    @property
+    def files(self) -> dict[str, str]:
+        return dict(self.source.hashes)
+
+
+def _space() -> StandInSpace:
+    space = StandInSpace()
+    for module, names in STAND_INS.items():
+        for name, value in names.items():
+            space.provide(module, name, value)
+    return space
+
+
+def _exec(source: Source, relpath: str, space: StandInSpace):
+    text = source.read(relpath)
+    package = relpath.rpartition("/")[0].replace("/", ".")
+    return exec_source(text, source.filename(relpath), space, package)
+
+
+def _params(function) -> dict:
+    try:
+        return dict(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
+def _require(owner: str, obj, name: str):
+    value = getattr(obj, name, None)
+    if value is None:
+        raise InterfaceDrift(f"{owner} has no {name} (renamed or removed in this release)")
+    return value
+
+
+def _synthetic_config(pcp: int, dcp: int, speculative: bool):
+    """A vllm_config for validate_config: sparse MLA (DeepSeek-V3.2), no CUDA graphs, PCP = pcp,
+    DCP = dcp, with single-module MTP drafts when `speculative`."""
+    spec = None
+    if speculative:
+        spec = SimpleNamespace(method="mtp", use_dspark=lambda: False,
+                               use_multi_module_mtp=lambda: False,
+                               draft_model_config=SimpleNamespace(use_mla=True))
+    return SimpleNamespace(
+        parallel_config=SimpleNamespace(
+            prefill_context_parallel_size=pcp, decode_context_parallel_size=dcp,
+            pipeline_parallel_size=1, dcp_comm_backend="ag_rs", enable_expert_parallel=False,
+            pcp_shard_decode_requests=dcp == 1, cp_kv_cache_interleave_size=1),
+        model_config=SimpleNamespace(
+            use_mla=True, is_encoder_decoder=False,
+            hf_text_config=SimpleNamespace(index_topk=2048, model_type="deepseek_v32")),
+        lora_config=None, speculative_config=spec,
+        compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode.NONE))
+
+
+def _rejects(manager, pcp: int, dcp: int, speculative: bool, adapted: list[str]) -> str | None:
+    """validate_config's NotImplementedError message for this configuration, else None."""
+    validate = getattr(manager, "validate_config", None)
+    if validate is None:
+        adapted.append("PCPManager.validate_config absent: every configuration assumed accepted")
+        return None
+    try:
+        validate(_synthetic_config(pcp, dcp, speculative), False)
+    except NotImplementedError as exc:
+        return str(exc).splitlines()[0] if str(exc) else "NotImplementedError"
+    except Exception as exc:  # noqa: BLE001 - it reads a config field our synthetic one lacks
+        adapted.append(f"validate_config(PCP={pcp}, DCP={dcp}, drafts={speculative}) not "
+                       f"evaluable ({type(exc).__name__}: {exc}): assumed accepted")
+    return None
+
+
+def _capabilities(manager, gather, wrappers: dict, adapted: list[str]) -> Capabilities:
+    init = _params(manager.__init__)
+    for name in ("pcp_world_size", "pcp_rank", "device", "dcp_world_size", "dcp_rank"):
+        if name not in init:
+            raise InterfaceDrift(f"PCPManager.__init__ has no parameter {name!r}")
+    layout = _params(_require("PCPManager", manager, "_build_batch_layout"))
+    if len(layout) < 5:
+        raise InterfaceDrift("PCPManager._build_batch_layout takes fewer than its four inputs "
+                             "(num_scheduled_tokens, num_computed_tokens, is_prefilling, "
+                             "query_start_loc_np)")
+    _require("PCPManager", manager, "_convert_to_gathered_slot_mappings")
+    for name, function in wrappers.items():
+        missing = [p for p in WRAPPER_PARAMS[name] if p not in _params(function)]
+        if missing:
+            raise InterfaceDrift(f"{name} has no parameter {missing[0]!r}")
+    keywords = {key for function in wrappers.values() for key in _params(function)
+                if key.endswith(SHARD)}
+    caps = Capabilities(
+        era=ERA_CURRENT if hasattr(manager, "replicated_requests") else ERA_V026,
+        manager_shards=SHARD in init,
+        gather_shard=gather.accepts_shard,
+        wrapper_shard_keyword=min(keywords) if keywords else None,
+        graph_padding="padded_num_tokens" in layout,
+        replicated_method=hasattr(manager, "replicated_requests"))
+    if not caps.manager_shards:
+        caps.not_applicable[SHARDED] = ("its PCPManager has no shard_decode_requests: decodes "
+                                        "are never sharded")
+    rejected = _rejects(manager, 2, 2, False, adapted)
+    if rejected:
+        caps.not_applicable[DCP] = f"its validate_config rejects PCP+DCP: {rejected}"
+    rejected = _rejects(manager, 2, 1, True, adapted)
+    if rejected:
+        for regime in (DRAFT, DRAFT_MIXED):
+            caps.not_applicable[regime] = f"its validate_config rejects drafts: {rejected}"
+    base = _rejects(manager, 2, 1, False, adapted)
+    if base:
+        caps.not_applicable[REPLICATED] = f"its validate_config rejects PCP itself: {base}"
+    return caps
+
+
+def load_release(source: Source | str) -> Release:
+    """Load SOURCE's PCP path. SourceError / LoadError / InterfaceDrift: one line each."""
+    if not isinstance(source, Source):
+        source = resolve(source)
+    if not source.has(MANAGER):
+        raise InterfaceDrift(f"{source.describe()} has no {MANAGER}")
+    gather_path = next((p for p in GATHERS if source.has(p)), None)
+    if gather_path is None:
+        raise InterfaceDrift(f"{source.describe()} has none of {', '.join(GATHERS)}")
+    space = _space()
+    manager_module = _exec(source, MANAGER, space)
+    manager = _require(MANAGER, manager_module, "PCPManager")
+    gather_module = _exec(source, gather_path, space)
+    try:
+        gather = _make_target(gather_module, GATHER, source.filename(gather_path),
+                              source.filename(gather_path), space, gather_path.rpartition("/")[2])
+    except LoadError as exc:
+        raise InterfaceDrift(str(exc)) from None
+    adapted = [f"{name} (working stand-in)" for name in space.provided]
+    wrappers = {}
+    for name in (MLA_WRAPPER, INDEXER_WRAPPER):
+        function = getattr(gather_module, name, None)
+        if function is None:
+            adapted.append(f"{gather_path} has no {name}: its cases call the gather directly")
+        else:
+            wrappers[name] = function
+    caps = _capabilities(manager, gather, wrappers, adapted)
+    if caps.era == ERA_V026:
+        adapted.append("no PCPManager.replicated_requests: judged by the 0.26 layout model")
+    if not caps.graph_padding:
+        adapted.append("_build_batch_layout has no padded_num_tokens: no graph padding drawn")
+    release = Release(source, manager, gather_module, gather, caps, space.names, adapted)
+    _probe(release)
+    return release
+
+
+def _probe(release: Release) -> None:
+    """Lay one small step out with rank 0's manager: an internal it lacks (a segment field, an
+    attribute the layout sets) is interface drift, named in one line, not a verdict per case."""
+    from pcpcheck.vllm.layout import manager_view
+    from spec.names import Batch, Request
+    step = Batch(REPLICATED, 2, (Request(1, False, 0, (0,)), Request(5, True, 0, (1,))), 16)
+    try:
+        manager_view(release, step, 0)
+    except AttributeError as exc:
+        raise InterfaceDrift(f"PCPManager layout: {exc}") from None
+    except TypeError as exc:  # a changed signature: unexpected or missing argument
+        raise InterfaceDrift(f"PCPManager layout call: {exc}") from None
+
+
+@functools.lru_cache(maxsize=8)
+def _cached(spec_json: str) -> Release:
+    return load_release(from_spec(json.loads(spec_json)))
+
+
+def release_from_spec(spec: dict) -> Release:
+    """The release a worker uses: loaded once per process from its plain-data spec."""
+    return _cached(json.dumps(spec, sort_keys=True))
+
+
+__all__ = ["Capabilities", "InterfaceDrift", "Release", "load_release", "release_from_spec"]
