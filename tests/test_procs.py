@@ -164,6 +164,22 @@ def test_timeouts_are_per_rank_on_threads(tmp_path):
     assert observation.violations == []
 
 
+def test_a_worker_that_has_not_begun_a_case_is_not_overtime():
+    """Before a worker writes its status (its first case not yet begun), no rank runs: a status
+    file of zeros read as "rank 0 running since time 0" and blamed rank 0 of a fresh pool for a
+    hang it never had (a flaky COLLECTIVE on gloo)."""
+    from pcpcheck.backends.pool import Workspace
+    from pcpcheck.backends.worker import STATUS
+    workspace = Workspace("status-test")
+    try:
+        _, status_path = workspace.files("rank")
+        running, since, *_ = STATUS.unpack(Path(status_path).read_bytes())
+        assert running == -1
+        assert running < 0 or time.monotonic() - since < 1.0  # never overtime at once
+    finally:
+        workspace.remove()
+
+
 @pytest.mark.parametrize("backend_name", ["threads", "gloo"])
 @pytest.mark.parametrize("hostile, message", [
     ("hang_rank1.py", "rank 1 did not return within 2 s"),

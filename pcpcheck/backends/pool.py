@@ -49,8 +49,8 @@ class Workspace:
     def files(self, label: str) -> tuple[str, str]:
         self._count += 1
         stem = os.path.join(self.path, f"{label}-{self._count}")
-        with open(stem + ".status", "wb") as handle:
-            handle.write(bytes(STATUS.size))
+        with open(stem + ".status", "wb") as handle:  # no rank running (zeros would read rank 0)
+            handle.write(STATUS.pack(-1, 0.0, *[0.0] * MAX_RANKS, *[0] * MAX_RANKS))
         return stem + ".out", stem + ".status"
 
     def remove(self) -> None:

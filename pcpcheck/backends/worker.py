@@ -46,6 +46,7 @@ class Status:
         self._running, self._since = -1, 0.0
         self._seconds = [0.0] * MAX_RANKS
         self._states = [0] * MAX_RANKS
+        self._write()
 
     def begin(self) -> None:
         self._running, self._since = -1, time.monotonic()
