@@ -180,6 +180,36 @@ def test_a_worker_that_has_not_begun_a_case_is_not_overtime():
         workspace.remove()
 
 
+def test_status_read_while_a_worker_writes_it_never_shows_a_false_hang(tmp_path):
+    """The driver reads a worker's status while the worker rewrites it at every switch. It once
+    saw all zeros mid-write ("rank 0 running since time 0"), a false hang that killed healthy
+    pools; a reader in another process must only ever see states the worker wrote."""
+    from pcpcheck.backends.pool import Workspace
+    from pcpcheck.backends.worker import FINISHED, RUNNING, Status
+    workspace = Workspace("status-test")
+    try:
+        _, status_path = workspace.files("rank")
+        reader = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import mmap, time
+            from pcpcheck.backends.pool import read_status
+            with open({status_path!r}, "rb") as handle:
+                status = mmap.mmap(handle.fileno(), 0, prot=mmap.PROT_READ)
+            bad, end = 0, time.monotonic() + 1.5
+            while time.monotonic() < end:
+                running, since, _, _ = read_status(status)
+                bad += running >= 0 and since == 0.0
+            print(bad)
+            """)], stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).parent.parent))
+        status = Status(status_path)
+        while reader.poll() is None:
+            status.begin()
+            status.switch(0, RUNNING)
+            status.switch(0, FINISHED)
+        assert reader.stdout.read().strip() == "0"
+    finally:
+        workspace.remove()
+
+
 @pytest.mark.parametrize("backend_name", ["threads", "gloo"])
 @pytest.mark.parametrize("hostile, message", [
     ("hang_rank1.py", "rank 1 did not return within 2 s"),

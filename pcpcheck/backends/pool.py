@@ -97,8 +97,7 @@ class WorkerProcess:
 
     def status(self) -> tuple[int, float, list[float], list[int]]:
         """(running rank or -1, since, seconds per rank, state per rank)."""
-        values = STATUS.unpack_from(self._status)
-        return values[0], values[1], list(values[2:2 + MAX_RANKS]), list(values[2 + MAX_RANKS:])
+        return read_status(self._status)
 
     def overtime(self, timeout: float) -> int | None:
         """The rank that has run longer than `timeout` in this case, if any."""
@@ -199,6 +198,18 @@ def _kill_all() -> None:
         worker.kill()
     for path in list(_WORKSPACES):
         shutil.rmtree(path, ignore_errors=True)
+
+
+def read_status(status) -> tuple[int, float, list[float], list[int]]:
+    """A worker's status file (an mmap the worker writes at every switch), decoded."""
+    data = status[:STATUS.size]
+    for _ in range(3):  # a read torn by a concurrent write differs from the next one
+        again = status[:STATUS.size]
+        if again == data:
+            break
+        data = again
+    values = STATUS.unpack(data)
+    return values[0], values[1], list(values[2:2 + MAX_RANKS]), list(values[2 + MAX_RANKS:])
 
 
 def wait_results(workers: list[WorkerProcess], timeout: float, grace: float):

@@ -64,7 +64,10 @@ class Status:
         self._write()
 
     def _write(self) -> None:
-        STATUS.pack_into(self._map, 0, self._running, self._since, *self._seconds, *self._states)
+        # Packed aside, then copied in: struct.pack_into zeroes its target before filling it,
+        # and a driver reading in between saw "rank 0 running since time 0": a false hang.
+        self._map[:STATUS.size] = STATUS.pack(self._running, self._since, *self._seconds,
+                                              *self._states)
 
 
 class Capture:
