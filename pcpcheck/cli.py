@@ -50,12 +50,18 @@ def _positive_int(text: str) -> int:
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--function", help="name of the gather function in the target file")
+    _add_search(parser, DEFAULT_MAX_EXAMPLES, "cases")
+
+
+def _add_search(parser: argparse.ArgumentParser, max_examples: int, unit: str) -> None:
+    """What every searching command takes: regimes, how many `unit` per regime, ranks, seed,
+    the per-rank timeout and the JSON output."""
     parser.add_argument("--regime", action="append", choices=(*REGIMES, "all"), metavar="REGIME",
                         help=f"regime to check, repeatable: {', '.join(REGIMES)}, or all "
                              f"(default: {', '.join(DEFAULT_REGIMES)}; {', '.join(HAZARD_REGIMES)} "
                              "is a hazard regime, checked only when named or with all)")
-    parser.add_argument("--max-examples", type=_positive_int, default=DEFAULT_MAX_EXAMPLES,
-                        help="cases drawn per regime (default %(default)s)")
+    parser.add_argument("--max-examples", type=_positive_int, default=max_examples,
+                        help=f"{unit} drawn per regime (default %(default)s)")
     parser.add_argument("--max-ranks", type=int, default=8,
                         help="largest PCP size P drawn, 2..8 (default %(default)s)")
     parser.add_argument("--seed", type=int, help="random seed (default: derandomized, repeatable)")
@@ -131,24 +137,12 @@ def _add_vllm(commands) -> None:
     vllm = commands.add_parser("vllm", help="check a vLLM release's own PCP path on all ranks")
     vllm.add_argument("source", help="a release (0.33.0, vllm==0.33.0), a wheel, a checkout, "
                                      "or installed")
-    vllm.add_argument("--regime", action="append", choices=(*REGIMES, "all"), metavar="REGIME",
-                      help=f"regime to check, repeatable, or all (default: "
-                           f"{', '.join(DEFAULT_REGIMES)}; {', '.join(HAZARD_REGIMES)} is a "
-                           "hazard regime, checked only when named or with all)")
-    vllm.add_argument("--max-examples", type=_positive_int, default=DEFAULT_RELEASE_EXAMPLES,
-                      help="steps drawn per regime (default %(default)s)")
-    vllm.add_argument("--max-ranks", type=int, default=8,
-                      help="largest PCP size P drawn, 2..8 (default %(default)s)")
-    vllm.add_argument("--seed", type=int, help="random seed (default: derandomized, repeatable)")
-    vllm.add_argument("--timeout", type=float, default=10.0,
-                      help="seconds a rank may take for one step before it counts as hung")
+    _add_search(vllm, DEFAULT_RELEASE_EXAMPLES, "steps")
     vllm.add_argument("--budget", type=_positive_float, metavar="SECONDS",
                       help="wall-clock limit across all regimes")
     vllm.add_argument("--empty-steps", action="store_true",
                       help="also draw steps with no scheduled token (a hazard: the model "
                            "runner never runs them)")
-    vllm.add_argument("--json", metavar="FILE",
-                      help="write the result as JSON (schema: docs/json-schema.md)")
     vllm.add_argument("--replay", metavar="CASE_JSON", help="judge this one step")
 
 
