@@ -327,3 +327,19 @@ def test_cli_gloo_exit_code_and_report():
     assert done.returncode == 1, done.stdout + done.stderr
     assert "COLLECTIVE violated" in done.stdout
     assert "(gloo, world sizes 2)" in done.stdout
+
+
+def test_torchrun_prints_only_the_report_and_exits_with_the_verdict(tmp_path):
+    """Under torchrun (through pcpcheck's launcher) a violation is rank 0's report and exit 1:
+    no torch traceback or ChildFailedError block, nothing from the other ranks."""
+    command = [sys.executable, "-m", "pcpcheck.torchrun", "--standalone", "--nproc-per-node", "2",
+               "--", str(ROOT / "tests" / "zoo" / "bug01_local_block.py"), "--regime",
+               "replicated", "--max-examples", "30", "--json", str(tmp_path / "out.json")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == ""
+    assert done.stdout.count("pcpcheck: torchrun, 2 ranks") == 1  # rank 0 alone prints
+    assert "REPLICA violated on rank(s) [1] (regime replicated)" in done.stdout
+    usage = subprocess.run([sys.executable, "-m", "pcpcheck.torchrun", "--standalone"],
+                           capture_output=True, text=True, timeout=60)
+    assert (usage.returncode, usage.stderr.count("\n")) == (2, 1)
