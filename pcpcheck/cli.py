@@ -276,11 +276,10 @@ def print_report(result) -> None:
         counterexample = result.counterexamples[index]
         known = " (known: in the baseline)" if counterexample.known else ""
         print(f"\nCounterexample {number}{known}: {counterexample.report}")
-        folded = [f"{c.invariant} in {c.regime}" for c in result.counterexamples
-                  if c.folded_into == index]
+        folded = report.folded_line([f"{c.invariant} in {c.regime}"
+                                     for c in result.counterexamples if c.folded_into == index])
         if folded:
-            print(f"  folded: {len(folded)} more counterexample(s) this case also shows "
-                  f"({'; '.join(folded)}), most likely the same bug; --json lists each")
+            print(folded)
     new, known = len(result.new_violations), len(result.counterexamples) - len(result.new_violations)
     summary = f"{new} violation(s), {len(shown)} shown" if new else "every invariant holds"
     hazards = sum(c.hazard for c in result.new_violations)

@@ -158,10 +158,8 @@ def fold(counterexamples) -> list[int | None]:
     return into
 
 
-def folded_line(counterexamples, into: list[int | None], index: int) -> str | None:
-    """One line naming what folded into the shown counterexample `index`."""
-    names = [f"{counterexamples[k][1].violations[0].invariant} in {counterexamples[k][0]}"
-             for k, host in enumerate(into) if host == index]
+def folded_line(names: list[str]) -> str | None:
+    """One line naming the counterexamples ("ID in regime") folded into a shown one."""
     if not names:
         return None
     return (f"  folded: {len(names)} more counterexample(s) this case also shows "
