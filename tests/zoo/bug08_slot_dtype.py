@@ -4,6 +4,10 @@ The gather reinterprets the int64 slot map as int32 (a buffer shared with an int
 argument): every slot becomes two int32 words (low, high), so slots pair with the wrong rows.
 
 Lines that differ from correct.py: the slot map is viewed as int32 first.
+
+Expected first report: RETURNS (the slot map comes back as int32 for an int64 map: the direct
+form of class 8), even on an empty step; a gather that casts back to int64 would show UNIQUE
+(the high words read as slots 0).
 """
 
 import torch

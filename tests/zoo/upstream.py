@@ -8,10 +8,12 @@ This file is the zoo's class-10 file (a separate bug10_draft_prefix.py would be 
 Lines that differ from correct.py: branch A, `rows = tuple(t[:nd] ...)` and `slots = slot_mapping[:nd]`
 (correct: `[:num_slots]`).
 
-Expected first report: REPLICA. Outputs stay well formed (rows == slots == nd, no duplicate, no
-padding row paired, every written slot is its own token's), so nothing before REPLICA in
-spec.names.INVARIANTS fails; every rank's cache lacks tokens nd..N-1.
-Wrong only in draft-mixed (in draft nd = N, and a -1-padded map (S = L) loses only -1 slots).
+Expected first report: REPLICA, tagged hazard. Outputs stay well formed (rows == slots == nd, no
+duplicate, no padding row paired, every written slot is its own token's), so nothing before
+REPLICA in spec.registry.REGISTRY fails; every rank's cache lacks tokens nd..N-1.
+Wrong only in the hazard regime draft-mixed (a draft block of >= 2 tokens the kernel counts as
+prefill); the default run passes, as vLLM 0.33.0's own pcp.py does (in draft nd = N, and a
+-1-padded map (S = L) loses only -1 slots).
 """
 
 import torch
