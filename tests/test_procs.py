@@ -346,20 +346,22 @@ def test_torchrun_prints_only_the_report_and_exits_with_the_verdict(tmp_path):
 
 
 def test_torchrun_two_nodes_only_the_driver_node_prints(tmp_path):
-    """Two launchers meeting over a loopback rendezvous, as two machines would: the node with
-    rank 0 prints the report, the other prints nothing; both exit with the verdict."""
+    """Two launchers meeting at a loopback master (torchrun's static rendezvous), as two
+    machines would: the node with rank 0 prints the report, the other prints nothing; both exit
+    with the verdict."""
     import socket
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    command = [sys.executable, "-m", "pcpcheck.torchrun", "--nnodes", "2", "--nproc-per-node",
-               "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-               "--rdzv-id", "pcpcheck-test", "--", str(ROOT / "tests" / "zoo" / "bug01_local_block.py"),
-               "--regime", "replicated", "--max-examples", "30"]
-    nodes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=tmp_path) for _ in range(2)]
+
+    def node(rank: int) -> list[str]:
+        return [sys.executable, "-m", "pcpcheck.torchrun", "--nnodes", "2", "--nproc-per-node",
+                "1", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port",
+                str(port), "--", str(ROOT / "tests" / "zoo" / "bug01_local_block.py"),
+                "--regime", "replicated", "--max-examples", "30"]
+    nodes = [subprocess.Popen(node(rank), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=tmp_path) for rank in range(2)]
     outputs = [node.communicate(timeout=180) for node in nodes]
     assert [node.returncode for node in nodes] == [1, 1]
     assert [err for _, err in outputs] == ["", ""]
-    printed = sorted(out for out, _ in outputs)
-    assert printed[0] == "" and "REPLICA violated on rank(s) [1]" in printed[1]
+    assert "REPLICA violated on rank(s) [1]" in outputs[0][0] and outputs[1][0] == ""
