@@ -14,6 +14,7 @@ import torch
 import reference
 import spec.invariants as inv
 from pcpcheck.cases import Case, as_bytes, as_tensor, row_content
+from spec import model
 from spec.names import NO_ROW
 from spec.registry import Step, evaluate
 
@@ -120,8 +121,9 @@ def decode_rows(tensor: torch.Tensor, tensor_index: int, valid: np.ndarray,
 
 
 def blank_cache(spec, tensor_index: int, num_blocks: int, block_size: int) -> torch.Tensor:
-    """(For tests reading a real torch cache.) A cache (num_blocks, B, *trailing) whose every slot holds the never-written marker: the
-    content of label NO_ROW, which is no input row, so a written slot always differs from it."""
+    """(For tests reading a real torch cache.) A cache (num_blocks, B, *trailing) whose every
+    slot holds the never-written marker: the content of label NO_ROW, which is no input row, so
+    a written slot always differs from it."""
     marker = row_content(np.array([NO_ROW]), tensor_index, spec.row_bytes)
     content = np.broadcast_to(marker, (num_blocks * block_size, spec.row_bytes))
     return as_tensor(content.copy(), spec).reshape(num_blocks, block_size, *spec.trailing)
@@ -157,28 +159,13 @@ def observe(prepared: Prepared, rank: int, result) -> RankView:
                 view.error = f"returned tensors pcpcheck cannot read: {type(exc).__name__}: {exc}"[:300]
     if not view.rows:
         view.rows = [[] for _ in specs]
-    view.caches = [written_caches(rows, view.slots, prepared.case.batch.block_size)
-                   for rows in view.rows]
+    view.caches = [model.write(rows, view.slots) for rows in view.rows]  # the kernel rule
     view.inputs_before = [src.tobytes() for src in prepared.sources[rank]]
     view.inputs_before.append(prepared.slot_maps[rank].tobytes())
     # A rank that never reported: its inputs are unknown, not mutated.
     view.inputs_after = list(result.inputs_after if result.inputs_after is not None
                              else view.inputs_before)
     return view
-
-
-def written_caches(rows: list[int], slots: list[int], block_size: int) -> dict[int, int]:
-    """pcpcheck's own cache write (the kernel rule, at the label level): one write per slot
-    entry k, negative slots skipped, into block slot // B at offset slot % B; a row past the end
-    of the rows (an out-of-bounds read) writes NO_ROW; a slot written twice keeps the last.
-    Returns flat slot (block * B + offset) -> label."""
-    cache: dict[int, int] = {}
-    for k, slot in enumerate(slots):
-        if slot < 0:
-            continue
-        block, offset = divmod(slot, block_size)
-        cache[block * block_size + offset] = rows[k] if k < len(rows) else NO_ROW
-    return cache
 
 
 def incomplete(trace) -> bool:
