@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 import reference
-import spec.invariants as inv
 from pcpcheck.cases import Case, as_tensor, row_content
 from pcpcheck.backends.base import ReleaseInfo, ReleaseStep
 from pcpcheck.check import Observation, Prepared, RankView, Violation, judge, observe
