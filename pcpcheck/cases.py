@@ -204,50 +204,108 @@ def as_bytes(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().cpu().contiguous().view(torch.uint8).reshape(rows, row_bytes).numpy()
 
 
-# --- hypothesis strategies -------------------------------------------------------------------
-# Strategies are built once and reused: building one per draw costs as much as the draw.
+# --- drawing cases ----------------------------------------------------------------------------
+# One builder (`_build`) states how a case is made from a sequence of choices (bounded integers
+# and booleans). Two choosers feed it: hypothesis (`cases`, the strategy: shrinking and property
+# tests) and a seeded random.Random (`draw_case`, the search's fast generation, 10-20x cheaper
+# per case than a hypothesis example). Both make the same choices in the same order, so the
+# choices a fast-drawn case records replay through `cases` as the same case: hypothesis shrinks
+# a case the fast generator found (pcpcheck.engine).
+_BLOCK_SIZES = (1, 2, 4, 16)
+_INTERLEAVES = (1, 2)
+MAX_REQUESTS = 6
+MAX_TENSORS_DRAWN = 3
+
+
+class RandomChooser:
+    """Choices from a seeded random.Random, recorded in order (hypothesis replays them).
+    An integer is uniform except that either bound comes 1 time in 16, as hypothesis favours
+    boundary values."""
+
+    def __init__(self, rng):
+        self.rng = rng
+        self.choices: list = []
+
+    def integer(self, low: int, high: int) -> int:
+        roll = self.rng.random()
+        value = low if roll < 0.0625 else high if roll < 0.125 else self.rng.randint(low, high)
+        self.choices.append(value)
+        return value
+
+    def boolean(self) -> bool:
+        value = self.rng.random() < 0.5
+        self.choices.append(value)
+        return value
+
+    def group(self, build, *args):
+        return build(self, *args)
+
+
+class _HypothesisChooser:
+    """The same choices drawn by hypothesis; each group is a span its shrinker can delete or
+    move as a whole."""
+
+    def __init__(self, draw):
+        self.draw = draw
+
+    def integer(self, low: int, high: int) -> int:
+        return self.draw(_ints(low, high))
+
+    def boolean(self) -> bool:
+        return self.draw(_BOOLS)
+
+    def group(self, build, *args):
+        return self.draw(_group(build, args))
+
+
 _BOOLS = st.booleans()
-_ints = functools.lru_cache(maxsize=None)(st.integers)
-_BLOCK_SIZES = st.sampled_from((1, 2, 4, 16))
-_INTERLEAVES = st.sampled_from((1, 2))
-_TENSOR_LISTS = st.lists(st.sampled_from(TENSOR_SPECS), min_size=1, max_size=3)
+_ints = functools.lru_cache(maxsize=None)(st.integers)  # built once: building costs a draw
 
 
 @st.composite
-def _request(draw, regime: str, pcp_size: int, block_span: int) -> tuple[int, bool, int]:
+def _group(draw, build, args):
+    return build(_HypothesisChooser(draw), *args)
+
+
+def _pick(choose, options):
+    return options[choose.integer(0, len(options) - 1)] if len(options) > 1 else options[0]
+
+
+def _more(choose, count: int, low: int, high: int) -> bool:
+    """Whether a list of `count` items (low..high of them) gets another: 3 times in 4, as
+    hypothesis' lists of this size; shrinking the choice to 0 ends the list there."""
+    return count < high and (count < low or choose.integer(0, 3) != 0)
+
+
+def _request(choose, regime: str, pcp_size: int, block_span: int) -> tuple[int, bool, int]:
     """(q, prefilling, context) of one request; its blocks are assigned once all are drawn."""
     if regime in DRAFT_REGIMES:
         # draft: decodes of 1 + speculative tokens; draft-mixed: draft blocks, some of q >= 2
-        prefilling, num_tokens = False, draw(_ints(1, 3), label="draft tokens")
+        prefilling, num_tokens = False, choose.integer(1, 3)
     else:
-        prefilling = draw(_BOOLS, label="prefilling")
+        prefilling = choose.boolean()
         # q = 0: scheduled nothing this step; decodes carry 1 + speculative tokens.
-        num_tokens = draw(_ints(0, 4 * pcp_size + 3) if prefilling else _ints(0, 3), label="tokens")
-    return num_tokens, prefilling, draw(_ints(0, 2 * block_span), label="context")
+        num_tokens = choose.integer(0, 4 * pcp_size + 3 if prefilling else 3)
+    return num_tokens, prefilling, choose.integer(0, 2 * block_span)
 
 
-@functools.lru_cache(maxsize=None)
-def _request_lists(regime: str, pcp_size: int, block_span: int):
-    # A list, not a drawn count: the shrinker deletes whole requests (no leftover empty request).
-    return st.lists(_request(regime, pcp_size, block_span),
-                    min_size=1 if regime == DRAFT_MIXED else 0, max_size=6)
-
-
-@st.composite
-def _requests(draw, regime: str, pcp_size: int, block_size: int, dcp_size: int):
+def _requests(choose, regime: str, pcp_size: int, block_size: int, dcp_size: int):
     block_span = block_size * dcp_size
-    drawn = draw(_request_lists(regime, pcp_size, block_span), label="requests")
+    drawn = []
+    # A list, not a drawn count: the shrinker deletes whole requests (no leftover empty request).
+    while _more(choose, len(drawn), 1 if regime == DRAFT_MIXED else 0, MAX_REQUESTS):
+        drawn.append(choose.group(_request, regime, pcp_size, block_span))
     if regime == DRAFT_MIXED and max(q for q, _, _ in drawn) <= DRAFT_DECODE_THRESHOLD:
         # the hazard needs a multi-token draft block the kernel classifies as prefill
         drawn[-1] = (DRAFT_DECODE_THRESHOLD + 1, *drawn[-1][1:])
-    next_block = draw(_ints(0, 3), label="first block")
+    next_block = choose.integer(0, 3)
     requests = []
     for num_tokens, prefilling, context_len in drawn:
         num_blocks = -(-(context_len + num_tokens) // block_span)
         requests.append(Request(num_tokens, prefilling, context_len,
                                 tuple(range(next_block, next_block + num_blocks))))
         next_block += num_blocks
-    if draw(_BOOLS, label="reverse block order"):
+    if choose.boolean():  # blocks in reverse order
         top = next_block - 1
         requests = [dataclasses.replace(r, blocks=tuple(top - b for b in r.blocks))
                     for r in requests]
@@ -265,31 +323,43 @@ def kernel_decode_tokens(requests) -> int:
     return nd
 
 
-@st.composite
-def cases(draw, regimes=REGIMES, max_ranks: int = 8, pcp_sizes=None) -> Case:
-    """Well-formed cases: every precondition of SPEC.md (WF_*) holds by construction.
-    `pcp_sizes`: the world sizes P may take (a process backend's pools); default 2..max_ranks."""
-    regime = draw(st.sampled_from(regimes), label="regime")
-    pcp_size = draw(st.sampled_from(tuple(pcp_sizes)) if pcp_sizes else _ints(2, max_ranks),
-                    label="P")
+def _build(choose, regimes, max_ranks: int, pcp_sizes) -> Case:
+    """A well-formed case from `choose`'s choices: every precondition of SPEC.md (WF_*) holds by
+    construction."""
+    regime = _pick(choose, tuple(regimes))
+    pcp_size = _pick(choose, tuple(pcp_sizes)) if pcp_sizes else choose.integer(2, max_ranks)
     dcp_size = pcp_size if regime == DCP else 1
-    block_size = draw(_BLOCK_SIZES, label="block size")
-    interleave = draw(_INTERLEAVES, label="interleave") if regime == DCP else 1
+    block_size = _pick(choose, _BLOCK_SIZES)
+    interleave = _pick(choose, _INTERLEAVES) if regime == DCP else 1
     if regime == DCP and block_size % interleave:
         interleave = 1
-    requests = draw(_requests(regime, pcp_size, block_size, dcp_size))
+    requests = choose.group(_requests, regime, pcp_size, block_size, dcp_size)
     batch = Batch(regime, pcp_size, requests, block_size, interleave)
     if regime in DRAFT_REGIMES:
         batch = dataclasses.replace(
             batch, num_decode_tokens=kernel_decode_tokens(requests) if regime == DRAFT_MIXED else None,
-            dp_pad=draw(_ints(0, 3), label="DP padding"),
-            pad_slot_map=draw(_BOOLS, label="map padded to rows"))
-    elif draw(_BOOLS, label="graph padding"):
+            dp_pad=choose.integer(0, 3), pad_slot_map=choose.boolean())
+    elif choose.boolean():  # graph padding: a few rows past the widest rank
         widest = int(reference.layout(batch).counts.max(initial=0))
-        batch = dataclasses.replace(
-            batch, graph_size=widest + draw(_ints(1, 3), label="graph extra rows"))
-    specs = draw(_TENSOR_LISTS, label="tensors")
+        batch = dataclasses.replace(batch, graph_size=widest + choose.integer(1, 3))
+    specs = []
+    while _more(choose, len(specs), 1, MAX_TENSORS_DRAWN):
+        specs.append(_pick(choose, TENSOR_SPECS))
     return Case(batch, tuple(specs))
+
+
+@st.composite
+def cases(draw, regimes=REGIMES, max_ranks: int = 8, pcp_sizes=None) -> Case:
+    """Well-formed cases, drawn by hypothesis. `pcp_sizes`: the world sizes P may take (a
+    process backend's pools); default 2..max_ranks."""
+    return _build(_HypothesisChooser(draw), regimes, max_ranks, pcp_sizes)
+
+
+def draw_case(rng, regimes=REGIMES, max_ranks: int = 8, pcp_sizes=None) -> tuple[Case, list]:
+    """A case `cases` could draw, from the random.Random `rng`, and the choices that make it
+    (hypothesis.database.choices_to_bytes of them replays it through `cases`)."""
+    choose = RandomChooser(rng)
+    return _build(choose, regimes, max_ranks, pcp_sizes), choose.choices
 
 
 def describe(case: Case) -> str:

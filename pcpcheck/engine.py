@@ -1,4 +1,9 @@
-"""The search: hypothesis draws cases per regime, every case is judged, violations are shrunk.
+"""The search: cases are drawn per regime, every case is judged, violations are shrunk.
+
+Generate, then shrink. A seeded random source draws cases (pcpcheck.cases.draw_case: the same
+builder as the hypothesis strategy, 10-20x cheaper per case than a hypothesis example) and
+streams them through the backend, several in flight. The first case violating each invariant
+goes to hypothesis as a stored example (its choices); hypothesis replays it and shrinks it.
 
 After the search each counterexample's case runs REPLAYS more times through the same backend: a
 violation that its own replay does not always show is flaky (the target does not behave the same
@@ -11,15 +16,18 @@ A case is reported under the first invariant it violates (spec.registry order).
 
 from __future__ import annotations
 
+import random
 import time
-from collections import Counter
+import unittest
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
+from hypothesis.database import ExampleDatabase, choices_to_bytes
 
-from pcpcheck.cases import Case, cases, smaller
-from pcpcheck.check import Observation, run_case
+from pcpcheck.cases import Case, cases, draw_case, smaller
+from pcpcheck.check import Observation, run_case, run_cases
 from spec.registry import IDS
 
 
@@ -73,81 +81,188 @@ class RegimeResult:
     budget_reached: bool = False  # the deadline stopped the search early
 
 
+MIN_CASES = 10  # hypothesis' least test calls before it stops looking for more bugs
+SHRINK_SEED = 0  # the shrinker's randomness: fixed, so a run is reproducible
+
+
 def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8,
            derandomize: bool = True, seed: int | None = None, pcp_sizes=None,
-           deadline: float | None = None, on_case=None, strategy=None, run=run_case,
+           deadline: float | None = None, on_case=None, transform=None, run_many=run_cases,
            reduce: bool = True) -> RegimeResult:
     """Check `target` on up to max_examples drawn cases of one regime, shrinking violations.
+
+    Generate, then shrink: cases are drawn by cases.draw_case (seeded: 0 when derandomize,
+    else `seed` or a random one) and streamed through `run_many` (several in flight); the first
+    case violating each invariant is then handed to hypothesis as a stored example (its choices),
+    which replays and shrinks it. Like hypothesis, generation stops early once violations have
+    been found and the latest half of the effort found no new one (at most 1000 cases after the
+    first).
 
     `runner` is a pcpcheck.backends.Backend and `target` the TargetInfo it loaded.
     `pcp_sizes` restricts the world sizes drawn (a process backend's pools); default 2..max_ranks.
     `deadline` (time.monotonic()): stop there; each invariant is then reported with the smallest
     violating case seen so far (shrinking may be cut short). `on_case(result)` after every case.
-    `strategy` replaces the default case strategy and `run(case, target, runner)` run_case
-    (`pcpcheck vllm` draws steps in a release's order and runs them through rank_step); reduce=False
-    skips the greedy reductions (their cases are not in a release's order).
+    `transform(case)` maps each drawn case (None: drop it) and `run_many(cases, target, runner)`
+    yields their observations (`pcpcheck vllm` reorders steps as a release would and runs them
+    through rank_step); reduce=False skips the greedy reductions (their cases are not in a
+    release's order).
     """
     result = RegimeResult(regime)
     smallest: dict[str, Observation] = {}  # per first invariant, for a search the deadline ends
+    started = time.perf_counter()
 
-    @settings(max_examples=max_examples, deadline=None, database=None, derandomize=derandomize,
-              report_multiple_bugs=True, verbosity=Verbosity.quiet, print_blob=False,
-              phases=(Phase.explicit, Phase.generate, Phase.shrink),
-              suppress_health_check=list(HealthCheck))
-    @given(case=strategy if strategy is not None
-           else cases(regimes=(regime,), max_ranks=max_ranks, pcp_sizes=pcp_sizes))
-    def check(case: Case) -> None:
-        if deadline is not None and time.monotonic() >= deadline:
-            raise _BudgetReached
-        started = time.perf_counter()
-        observation = run(case, target, runner)
-        result.check_seconds += time.perf_counter() - started
+    def record(observation: Observation) -> str | None:
         result.cases += 1
         result.checked.update(observation.checked)
         result.violated.update(v.invariant for v in observation.violations)
         if on_case is not None:
             on_case(result)
-        if observation.violations:
-            first = observation.violations[0].invariant
-            if first not in smallest or _size(observation) < _size(smallest[first]):
-                smallest[first] = observation
-            raise _VIOLATION_TYPES[first](observation)
+        if not observation.violations:
+            return None
+        first = observation.violations[0].invariant
+        if first not in smallest or _size(observation) < _size(smallest[first]):
+            smallest[first] = observation
+        return first
 
-    if seed is not None and not derandomize:
-        check = hypothesis_seed(seed)(check)
-    started = time.perf_counter()
-    try:
-        check()
-    except _BudgetReached:
+    found = _generate(regime, max_examples, max_ranks, pcp_sizes, transform, run_many, target,
+                      runner, record, deadline, random.Random(0 if derandomize else seed), result)
+    if found is None:
         result.budget_reached = True
-        result.counterexamples = list(smallest.values())
-    except InvariantViolated as exc:
-        result.counterexamples.append(exc.observation)
-    except BaseExceptionGroup as group:  # several invariants, each shrunk on its own
-        violations, failures = group.split(InvariantViolated)
-        if failures is not None:
-            raise CheckerError(f"pcpcheck failed while checking: {failures.exceptions[0]!r}") \
-                from failures.exceptions[0]
-        result.counterexamples += [exc.observation for exc in violations.exceptions]
-    except CheckerError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a failure of pcpcheck itself, never a verdict
-        raise CheckerError(f"pcpcheck failed while checking: {exc!r}") from exc
+    elif found:
+        shrunk = _shrink(found, regime, max_examples, max_ranks, pcp_sizes, transform, run_many,
+                         target, runner, record, deadline, result)
+        result.budget_reached = shrunk is None
+        smallest.update(shrunk or {})  # hypothesis' shrunk case stands where it has one
+    result.counterexamples = list(smallest.values())
     if reduce and not result.budget_reached:  # past the budget, the search's smallest cases stand
         result.counterexamples = [_reduced(o, runner, target) for o in result.counterexamples]
     result.counterexamples.sort(key=lambda o: IDS.index(o.violations[0].invariant))
     result.seconds = time.perf_counter() - started  # the search's rate: replays excluded
-    result.replays = [replay(runner, target, o, REPLAYS, run) for o in result.counterexamples]
+    result.replays = [replay(runner, target, o, REPLAYS, run_many) for o in result.counterexamples]
     return result
 
 
-def replay(runner, target, observation: Observation, runs: int, run=run_case) -> Replays:
+def _generate(regime, max_examples, max_ranks, pcp_sizes, transform, run_many, target, runner,
+              record, deadline, rng, result: RegimeResult) -> dict[str, list] | None:
+    """The generation phase: the choices of the first case violating each invariant (None if
+    the deadline stopped it). Adds its time less the drawing's to result.check_seconds."""
+    pending: deque = deque()  # the choices of the cases in flight, in order
+    stop = False
+    drawn = 0
+    drawing = 0.0
+    started = time.perf_counter()
+
+    def stream():
+        nonlocal drawn, drawing
+        attempts = 0
+        while not stop and drawn < max_examples and attempts < 10 * max_examples:
+            attempts += 1  # a transform that drops every case must not loop forever
+            began = time.perf_counter()
+            case, choices = draw_case(rng, (regime,), max_ranks, pcp_sizes)
+            if transform is not None:
+                case = transform(case)
+            drawing += time.perf_counter() - began
+            if case is None:
+                continue
+            drawn += 1
+            pending.append(choices)
+            yield case
+
+    found: dict[str, list] = {}
+    first_at = last_at = 0
+    count = 0
+    out_of_time = False
+    for observation in run_many(stream(), target, runner):
+        choices = pending.popleft()
+        count += 1
+        first = record(observation)
+        if first is not None and first not in found:
+            found[first] = choices
+            first_at, last_at = first_at or count, count
+        # stop drawing (the cases in flight still finish: a backend keeps its results in order)
+        if deadline is not None and time.monotonic() >= deadline:
+            stop = out_of_time = True
+        elif found and count >= MIN_CASES and count >= min(first_at + 1000, 2 * last_at):
+            stop = True
+    result.check_seconds += time.perf_counter() - started - drawing
+    return None if out_of_time else found
+
+
+class _Stored(ExampleDatabase):
+    """Hypothesis' example database holding the generation phase's violating cases (as
+    choices) under the key of examples it has not shrunk yet: its reuse phase replays them, and
+    its shrink phase shrinks every one that still fails. Nothing is written anywhere."""
+
+    def __init__(self, examples: list[bytes]):
+        super().__init__()
+        self.examples = examples
+
+    def fetch(self, key: bytes):
+        return iter(self.examples if key.endswith(b".secondary") else ())
+
+    def save(self, key: bytes, value: bytes) -> None:
+        pass
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        pass
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        pass
+
+
+def _shrink(found, regime, max_examples, max_ranks, pcp_sizes, transform, run_many, target,
+            runner, record, deadline, result: RegimeResult) -> dict[str, Observation] | None:
+    """Hypothesis shrinks the generation's violating cases: the shrunk observation per first
+    invariant (none where a stored case did not fail again), or None if the deadline cut it
+    short."""
+    strategy = cases(regimes=(regime,), max_ranks=max_ranks, pcp_sizes=pcp_sizes)
+    if transform is not None:
+        strategy = strategy.map(transform).filter(lambda case: case is not None)
+
+    @settings(max_examples=max_examples, deadline=None,
+              database=_Stored([choices_to_bytes(c) for c in found.values()]),
+              report_multiple_bugs=True, verbosity=Verbosity.quiet, print_blob=False,
+              phases=(Phase.reuse, Phase.shrink), suppress_health_check=list(HealthCheck))
+    @hypothesis_seed(SHRINK_SEED)  # below @settings: a seed's own settings drop the database
+    @given(case=strategy)
+    def check(case: Case) -> None:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise _BudgetReached
+        started = time.perf_counter()
+        observation = next(iter(run_many([case], target, runner)))
+        result.check_seconds += time.perf_counter() - started
+        first = record(observation)
+        if first is not None:
+            raise _VIOLATION_TYPES[first](observation)
+
+    violations: list[InvariantViolated] = []
+    try:
+        check()
+    except _BudgetReached:
+        return None
+    except InvariantViolated as exc:
+        violations = [exc]
+    except BaseExceptionGroup as group:  # several invariants, each shrunk on its own
+        caught, failures = group.split(InvariantViolated)
+        if failures is not None:
+            raise CheckerError(f"pcpcheck failed while checking: {failures.exceptions[0]!r}") \
+                from failures.exceptions[0]
+        violations = list(caught.exceptions)
+    except unittest.SkipTest:  # no stored case failed again (a flaky target): nothing shrunk
+        pass
+    except CheckerError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a failure of pcpcheck itself, never a verdict
+        raise CheckerError(f"pcpcheck failed while checking: {exc!r}") from exc
+    return {exc.observation.violations[0].invariant: exc.observation for exc in violations}
+
+
+def replay(runner, target, observation: Observation, runs: int, run_many=run_cases) -> Replays:
     """Run a counterexample's case `runs` more times; count the runs that show its violation."""
     invariant = observation.violations[0].invariant
     reproduced = 0
-    for _ in range(runs):
-        violations = run(observation.prepared.case, target, runner).violations
-        reproduced += bool(violations) and violations[0].invariant == invariant
+    for again in run_many([observation.prepared.case] * runs, target, runner):
+        reproduced += bool(again.violations) and again.violations[0].invariant == invariant
     return Replays(runs, reproduced)
 
 

@@ -9,22 +9,22 @@ code runs only in the backend's worker.
 
 from __future__ import annotations
 
+import functools
 import shlex
 
 from pcpcheck import report
 from pcpcheck.backends.base import ReleaseInfo
-from pcpcheck.cases import Case, cases
+from pcpcheck.cases import Case
 from pcpcheck.engine import RegimeResult, search
 from pcpcheck.vllm.run import (ReleaseObservation, capabilities, era_case,  # noqa: F401
                                observe_release_case)
 from spec.names import LAYOUT
 
 
-def release_cases(release: ReleaseInfo, regime: str, max_ranks: int, empty_steps: bool):
-    """Drawn steps, each as the release would run it (run.era_case); steps it never runs dropped."""
-    caps = capabilities(release)
-    return cases(regimes=(regime,), max_ranks=max_ranks).map(
-        lambda case: era_case(case, caps, empty_steps)).filter(lambda case: case is not None)
+def run_release_cases(cases, release: ReleaseInfo, backend):
+    """The engine's run_many for a release: one step at a time through rank_step."""
+    for case in cases:
+        yield observe_release_case(case, release, backend)
 
 
 def search_regime(release: ReleaseInfo, regime: str, backend, *, max_examples: int,
@@ -36,8 +36,9 @@ def search_regime(release: ReleaseInfo, regime: str, backend, *, max_examples: i
         return RegimeResult(regime, not_applicable=reason)
     return search(release, regime, backend, max_examples=max_examples, max_ranks=max_ranks,
                   derandomize=seed is None, seed=seed, deadline=deadline, on_case=on_case,
-                  strategy=release_cases(release, regime, max_ranks, empty_steps),
-                  run=observe_release_case, reduce=False)
+                  transform=functools.partial(era_case, caps=capabilities(release),
+                                              empty_steps=empty_steps),
+                  run_many=run_release_cases, reduce=False)
 
 
 def header(release: ReleaseInfo) -> list[str]:

@@ -1,0 +1,78 @@
+"""The engine's generate-then-shrink search (pcpcheck.engine): cases drawn fast from a seeded
+random source replay through the hypothesis strategy as the same cases, so hypothesis shrinks
+what the fast generation found."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.database import choices_to_bytes
+
+from pcpcheck.backends import make_backend
+from pcpcheck.cases import cases, describe, draw_case
+from pcpcheck.check import run_cases
+from pcpcheck.engine import _Stored, search
+from spec.names import REGIMES, REPLICA, SHARDED
+
+ZOO = Path(__file__).parent / "zoo"
+
+
+@pytest.mark.parametrize("regimes, max_ranks, pcp_sizes", [
+    ((regime,), 8, None) for regime in REGIMES] + [(REGIMES, 4, None), ((SHARDED,), 8, (2, 4))])
+def test_fast_drawn_choices_replay_through_the_strategy_as_the_same_case(regimes, max_ranks,
+                                                                         pcp_sizes):
+    rng = random.Random(7)
+    drawn = [draw_case(rng, regimes, max_ranks, pcp_sizes) for _ in range(60)]
+    replayed = []
+
+    @settings(database=_Stored([choices_to_bytes(choices) for _, choices in drawn]),
+              phases=(Phase.reuse,), max_examples=len(drawn), deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(case=cases(regimes=regimes, max_ranks=max_ranks, pcp_sizes=pcp_sizes))
+    def replay(case):
+        replayed.append(case)
+
+    replay()
+    assert sorted(c.to_json() for c in replayed) == sorted(c.to_json() for c, _ in drawn)
+
+
+@pytest.fixture(scope="module")
+def backend():
+    with make_backend("threads", timeout=10.0) as runner:
+        yield runner
+
+
+def _recording(seen: list):
+    def run_many(batch, target, runner):
+        for observation in run_cases(batch, target, runner):
+            seen.append(observation)
+            yield observation
+    return run_many
+
+
+def test_generation_is_seeded(backend):
+    target = backend.load("impl")
+    runs = []
+    for seed in (None, None, 5):
+        seen = []
+        search(target, SHARDED, backend, max_examples=40, derandomize=seed is None, seed=seed,
+               run_many=_recording(seen))
+        runs.append([o.prepared.case.to_json() for o in seen])
+    assert len(runs[0]) == 40 and runs[0] == runs[1]  # derandomized: the same cases every run
+    assert runs[2] != runs[0]
+
+
+def test_hypothesis_shrinks_what_the_generation_found(backend):
+    target = backend.load(str(ZOO / "bug01_local_block.py"))
+    seen = []
+    result = search(target, "replicated", backend, max_examples=300, run_many=_recording(seen),
+                    reduce=False)  # no greedy reductions: only hypothesis' shrinking
+    first = next(o for o in seen if o.violations)
+    [shrunk] = result.counterexamples
+    assert shrunk.violations[0].invariant == REPLICA
+    size = lambda o: (o.prepared.case.batch.pcp_size, len(o.prepared.case.batch.requests),  # noqa: E731
+                      sum(r.num_tokens for r in o.prepared.case.batch.requests))
+    assert size(shrunk) < size(first), (describe(first.prepared.case), describe(shrunk.prepared.case))
