@@ -14,7 +14,7 @@ import importlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from pcpcheck import report
 from pcpcheck.baseline import Baseline, load_baseline
@@ -157,6 +157,7 @@ class CheckResult:
     reproducers: tuple[str, ...] = ()  # files written by --repro-dir
     schema: int = SCHEMA_VERSION
     release: ReleaseRecord | None = None  # `pcpcheck vllm`: the release checked
+    seconds: float = 0.0  # wall clock of the whole search (regimes may run at once: --jobs)
 
     @property
     def new_violations(self) -> tuple[Counterexample, ...]:
@@ -221,7 +222,7 @@ class CheckResult:
             "baseline": None if self.baseline is None else {
                 "path": self.baseline.path, "known": [list(e) for e in self.baseline.known],
                 "fixed": [list(e) for e in self.baseline.fixed]},
-            "reproducers": list(self.reproducers),
+            "reproducers": list(self.reproducers), "seconds": self.seconds,
             "release": None if self.release is None else {
                 **asdict(self.release), "files": dict(self.release.files),
                 "adapted": list(self.release.adapted)},
@@ -258,6 +259,7 @@ class CheckResult:
                 baseline["path"], tuple(map(tuple, baseline["known"])),
                 tuple(map(tuple, baseline["fixed"]))),
             reproducers=tuple(data["reproducers"]), schema=data["schema"],
+            seconds=data.get("seconds", 0.0),
             release=None if data.get("release") is None else ReleaseRecord(**{
                 **data["release"], "files": tuple(data["release"]["files"].items()),
                 "adapted": tuple(data["release"]["adapted"]),
@@ -348,13 +350,16 @@ def check(target, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_MAX_EX
           max_ranks: int = 8, seed: int | None = None, budget_s: float | None = None,
           backend: str = "threads", baseline: str | os.PathLike | None = None,
           function: str | None = None, timeout: float = 10.0, world_sizes=None,
-          device: str = "cpu", progress: Progress | None = None, runner=None) -> CheckResult:
+          device: str = "cpu", progress: Progress | None = None, runner=None,
+          jobs: int | None = None) -> CheckResult:
     """Check a gather implementation against the spec in each regime.
 
     target: a callable (importable as module:function), a .py path, 'module:function' or 'impl'.
     seed None: derandomized, the same cases every run. budget_s: wall-clock seconds across
     regimes, shared out among the regimes still to run. baseline: a file of known violations
     (`REGIME INVARIANT` per line). runner: an already started backend (torchrun's rank 0).
+    jobs: driver processes searching regimes at once (default_jobs: the core count on the
+    threads backend); the result does not depend on it.
     Raises UsageError, LoadError, WorkerError (rank processes failed to start), CheckerError.
     """
     if isinstance(regimes, str):
@@ -366,38 +371,86 @@ def check(target, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_MAX_EX
     known = load_baseline(options.baseline) if options.baseline else Baseline(options.baseline, ())
     source = resolve_target(target)
     progress = progress or Progress()
+    jobs = default_jobs(backend, runner) if jobs is None else jobs
+    if jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {jobs}")
+    started = time.monotonic()
     own_runner = runner is None
     if own_runner:
         sizes = default_world_sizes(backend, options.world_sizes, device)
         options = Options(**{**asdict(options), "world_sizes": sizes})
+        if jobs > 1 and backend == "threads" and len(options.regimes) > 1:
+            loaded, results = _search_in_drivers(source, options, jobs, progress)
+            return replace(_result(source, loaded, options, results, known),
+                           seconds=round(time.monotonic() - started, 3))
         runner = make_runner(backend, timeout=timeout, world_sizes=sizes, device=device)
     try:
         loaded = runner.load(source, function)  # in the backend's workers, never here
         progress.started(loaded, options)
-        results = _search_all(loaded, runner, options, progress)
+        deadline = None if options.budget_s is None else time.monotonic() + options.budget_s
+        results = []
+        for index, regime in enumerate(options.regimes):
+            # the remaining budget is shared equally among the regimes still to run
+            share = None if deadline is None else \
+                time.monotonic() + (deadline - time.monotonic()) / (len(options.regimes) - index)
+            results.append(_search_regime(loaded, runner, options, regime, share,
+                                          lambda r, regime=regime: progress.case(regime, r)))
+            progress.finished(_summary(results[-1]))
     finally:
         if own_runner:
             runner.close()
-    return _result(source, loaded, options, results, known)
+    return replace(_result(source, loaded, options, results, known),
+                   seconds=round(time.monotonic() - started, 3))
 
 
-def _search_all(target, runner, options: Options, progress: Progress):
-    deadline = None if options.budget_s is None else time.monotonic() + options.budget_s
-    results = []
-    for index, regime in enumerate(options.regimes):
-        # the remaining budget is shared equally among the regimes still to run
-        share = None if deadline is None else \
-            time.monotonic() + (deadline - time.monotonic()) / (len(options.regimes) - index)
-        if regime == SHARDED and not target.accepts_shard:  # its era has no decode sharding
-            result = RegimeResult(regime, not_applicable=NO_SHARD_FLAG)
-        else:
-            result = search(target, regime, runner, max_examples=options.max_examples,
-                            max_ranks=options.max_ranks, derandomize=options.seed is None,
-                            seed=options.seed, pcp_sizes=options.world_sizes, deadline=share,
-                            on_case=lambda r, regime=regime: progress.case(regime, r))
-        results.append(result)
-        progress.finished(_summary(result))
-    return results
+def default_jobs(backend: str, runner=None) -> int:
+    """Driver processes by default: one per core for the threads backend (each drives its own
+    worker); a process backend's pools, or a runner given, are driven by this process alone."""
+    return (os.cpu_count() or 1) if backend == "threads" and runner is None else 1
+
+
+def _search_regime(target, runner, options: Options, regime: str, deadline, on_case) -> RegimeResult:
+    if regime == SHARDED and not target.accepts_shard:  # its era has no decode sharding
+        return RegimeResult(regime, not_applicable=NO_SHARD_FLAG)
+    return search(target, regime, runner, max_examples=options.max_examples,
+                  max_ranks=options.max_ranks, derandomize=options.seed is None, seed=options.seed,
+                  pcp_sizes=options.world_sizes, deadline=deadline, on_case=on_case)
+
+
+def _search_in_drivers(source: str, options: Options, jobs: int, progress: Progress):
+    """The regimes searched by `jobs` driver processes at once (pcpcheck.jobs); progress lines
+    in regime order, each when it and every regime before it are done."""
+    from pcpcheck.jobs import search_in_parallel
+
+    def open_backend():
+        runner = make_runner("threads", timeout=options.timeout, world_sizes=options.world_sizes,
+                             device=options.device)
+        try:
+            return runner, runner.load(source, options.function)
+        except BaseException:
+            runner.close()
+            raise
+
+    def search_regime(index, target, runner, share, on_case):
+        return _search_regime(target, runner, options, options.regimes[index], share, on_case)
+
+    loaded, done, shown = [], {}, [0]
+
+    def on_loaded(target):
+        loaded.append(target)
+        progress.started(target, options)
+
+    def on_done(index, result):
+        done[index] = result
+        while shown[0] in done:  # in order: a later regime's line waits for the earlier ones
+            progress.finished(_summary(done[shown[0]]))
+            shown[0] += 1
+
+    results = search_in_parallel(
+        len(options.regimes), jobs, open_backend, search_regime, budget_s=options.budget_s,
+        on_loaded=on_loaded, on_case=lambda index, r: progress.case(options.regimes[index], r),
+        on_done=on_done)
+    return loaded[0], results
 
 
 def _summary(result) -> RegimeSummary:

@@ -116,6 +116,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--budget", type=_positive_float, metavar="SECONDS",
                        help="wall-clock limit across all regimes; the report says how many "
                             "cases each regime reached")
+    check.add_argument("--jobs", type=_positive_int, metavar="N",
+                       help="threads backend: regimes searched by N driver processes at once, "
+                            "each with its own worker (default: the number of cores); the "
+                            "result does not depend on it")
     check.add_argument("--junit", metavar="FILE",
                        help="write a JUnit XML report: one test case per regime x invariant")
     check.add_argument("--html", metavar="DIR",
@@ -223,7 +227,7 @@ def run_check(args, runner=None) -> int:
                    max_ranks=args.max_ranks, seed=args.seed, budget_s=args.budget,
                    backend=args.backend, baseline=args.baseline, function=args.function,
                    timeout=args.timeout, world_sizes=args.world_sizes, device=args.device,
-                   progress=LinePrinter(), runner=runner)
+                   progress=LinePrinter(), runner=runner, jobs=args.jobs)
     print_report(result)
     write_outputs(args, result)
     return result.exit_code
@@ -287,7 +291,7 @@ def print_report(result) -> None:
         summary += f", {hazards} in hazard regimes"
     if known:
         summary += f", {known} known violation(s) from the baseline"
-    print(f"\nall regimes: {report.rates(*result.regimes)}: {summary}")
+    print(f"\nall regimes: {report.rates(*result.regimes, wall=result.seconds)}: {summary}")
     if any(s.budget_reached for s in result.regimes):
         print(f"budget of {result.options.budget_s:g} s reached; cases per regime: " + ", ".join(
             f"{s.regime} {s.cases}" for s in result.regimes))

@@ -185,6 +185,31 @@ def test_bad_baseline_lines_are_named(text, message):
         parse_baseline(text, "known.txt")
 
 
+# --- jobs: regimes searched by several driver processes -------------------------------------
+
+def _without_times(result) -> dict:
+    document = json.loads(result.to_json())
+    document.pop("seconds")
+    for regime in document["regimes"].values():
+        regime.pop("seconds"), regime.pop("check_seconds")
+    return document
+
+
+def test_jobs_do_not_change_the_result():
+    target, regimes = ZOO / "bug01_local_block.py", (SHARDED, REPLICATED, "dcp")
+    alone = pcpcheck.check(target, regimes=regimes, max_examples=150, jobs=1)
+    together = pcpcheck.check(target, regimes=regimes, max_examples=150, jobs=2)
+    assert not alone.holds and [s.cases for s in alone.regimes] == [s.cases for s in together.regimes]
+    assert _without_times(together) == _without_times(alone)
+
+
+def test_a_driver_process_that_cannot_load_the_target_is_one_error(tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise ImportError('no such thing')\n")
+    with pytest.raises(pcpcheck.LoadError, match="broken.py"):
+        pcpcheck.check(broken, regimes=(SHARDED, REPLICATED), max_examples=5, jobs=2)
+
+
 # --- budget and progress --------------------------------------------------------------------
 
 def test_budget_stops_every_regime_and_says_how_far_each_got():
