@@ -1,0 +1,91 @@
+"""Peak memory of `pcpcheck check` as the number of cases grows: printed, never asserted.
+
+Runs `pcpcheck check impl` with each --max-examples given and samples, every 50 ms, the peak
+resident set (VmHWM) of every process of the run: the driver(s) and the workers hosting the
+ranks. Prints per run the largest peak among drivers and among workers, and the sum of all
+peaks (an upper bound of the whole run's memory at any moment).
+
+    python benchmarks/memory.py --cases 3000,30000 [--jobs N] [--regime sharded ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                found += [int(child) for child in handle.read().split()]
+        except OSError:
+            pass
+    return found
+
+
+def _tree(pid: int) -> list[int]:
+    pids, index = [pid], 0
+    while index < len(pids):
+        pids += _children(pids[index])
+        index += 1
+    return pids
+
+
+def _peak_kib(pid: int) -> tuple[str, int] | None:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            fields = dict(line.split(":", 1) for line in handle if ":" in line)
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            command = handle.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+    role = "worker" if "pcpcheck.backends.worker" in command else "driver"
+    return role, int(fields.get("VmHWM", "0 kB").split()[0])
+
+
+def measure(cases: int, jobs: int, regimes: list[str]) -> dict:
+    command = [sys.executable, "-m", "pcpcheck", "check", "impl", "--max-examples", str(cases),
+               "--jobs", str(jobs)] + [f"--regime={r}" for r in regimes]
+    started = time.monotonic()
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peaks: dict[int, tuple[str, int]] = {}
+    while run.poll() is None:
+        for pid in _tree(run.pid):
+            seen = _peak_kib(pid)
+            if seen is not None:  # a worker's first sample may predate its exec: role sticks
+                before = peaks.get(pid, seen)
+                role = "worker" if "worker" in (seen[0], before[0]) else "driver"
+                peaks[pid] = (role, max(seen[1], before[1]))
+        time.sleep(0.05)
+    if run.returncode != 0:
+        raise SystemExit(f"pcpcheck exited {run.returncode}: {run.stderr.read().decode()[-500:]}")
+    by_role = {role: max((kib for r, kib in peaks.values() if r == role), default=0)
+               for role in ("driver", "worker")}
+    return {"seconds": time.monotonic() - started, "processes": len(peaks),
+            "total_mib": sum(kib for _, kib in peaks.values()) / 1024,
+            **{f"{role}_mib": kib / 1024 for role, kib in by_role.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases", default="3000,30000", help="comma list of --max-examples")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--regime", action="append", default=None)
+    args = parser.parse_args()
+    regimes = args.regime or []
+    print(f"pcpcheck check impl --jobs {args.jobs} {' '.join('--regime=' + r for r in regimes)}"
+          f" (default regimes if none); peak RSS (VmHWM) per process, MiB")
+    for cases in map(int, args.cases.split(",")):
+        figures = measure(cases, args.jobs, regimes)
+        print(f"  {cases:>6} cases/regime: largest driver {figures['driver_mib']:6.1f}, largest "
+              f"worker {figures['worker_mib']:6.1f}, sum over {figures['processes']} processes "
+              f"{figures['total_mib']:6.1f}; {figures['seconds']:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
