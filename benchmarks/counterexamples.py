@@ -1,6 +1,7 @@
 """Time to a counterexample: for every zoo target, seconds to the first violation and to the
 shrunk counterexample (search, greedy reductions and the flaky replays included), over several
-random seeds; median and max printed, never asserted.
+random seeds; median and max printed, never asserted. Also the size of the shrunk case (P ranks,
+W rows per rank, N real tokens), the largest over the seeds: what shrinking reached.
 
     python benchmarks/counterexamples.py [--seeds 5] [--max-examples 3000]
 
@@ -15,6 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
+import reference
 from pcpcheck.backends import make_backend
 from pcpcheck.engine import search
 
@@ -29,8 +31,15 @@ TARGETS = [  # file, the regime where it is wrong (tests/test_zoo.py's ZOO_CASES
 ]
 
 
-def one_run(backend, target, regime: str, seed: int, max_examples: int) -> tuple[float, float]:
-    """(seconds to the first violating case, seconds to the end of the search)."""
+def size(case) -> tuple[int, int, int]:
+    """(P, W, N) of a case: ranks, rows per rank, real tokens."""
+    batch = case.batch
+    return (batch.pcp_size, int(reference.layout(batch).width),
+            sum(r.num_tokens for r in batch.requests))
+
+
+def one_run(backend, target, regime: str, seed: int, max_examples: int):
+    """(seconds to the first violating case, seconds to the end of the search, shrunk size)."""
     started = time.perf_counter()
     first = [None]
 
@@ -42,8 +51,8 @@ def one_run(backend, target, regime: str, seed: int, max_examples: int) -> tuple
                     seed=seed, on_case=on_case)
     done = time.perf_counter() - started
     if not result.counterexamples:
-        return float("nan"), done
-    return first[0], done
+        return float("nan"), done, None
+    return first[0], done, max(size(o.prepared.case) for o in result.counterexamples)
 
 
 def main() -> None:
@@ -59,10 +68,13 @@ def main() -> None:
             runs = [one_run(backend, target, regime, seed, args.max_examples)
                     for seed in range(args.seeds)]
         firsts, totals = [r[0] for r in runs], [r[1] for r in runs]
+        sizes = [r[2] for r in runs if r[2] is not None]
+        largest = "P={} W={} N={}".format(*max(sizes)) if sizes else "-"
         missed = sum(f != f for f in firsts)  # nan: no counterexample with this seed
         found = [f for f in firsts if f == f] or [float("nan")]
         print(f"  {name:<32} {regime:<12} first {statistics.median(found):6.3f} / "
               f"{max(found):6.3f}   shrunk {statistics.median(totals):6.2f} / {max(totals):6.2f}"
+              f"   to at most {largest}"
               + (f"   ({missed} seed(s) found none)" if missed else ""), flush=True)
 
 

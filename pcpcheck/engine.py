@@ -2,7 +2,7 @@
 
 Generate, then shrink. A seeded random source draws cases (pcpcheck.cases.draw_case: the same
 builder as the hypothesis strategy, 10-20x cheaper per case than a hypothesis example) and
-streams them through the backend, several in flight. The first case violating each invariant
+streams them through the backend, several in flight. The smallest case violating each invariant
 goes to hypothesis as a stored example (its choices); hypothesis replays it and shrinks it.
 
 After the search each counterexample's case runs REPLAYS more times through the same backend: a
@@ -92,7 +92,7 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
     """Check `target` on up to max_examples drawn cases of one regime, shrinking violations.
 
     Generate, then shrink: cases are drawn by cases.draw_case (seeded: 0 when derandomize,
-    else `seed` or a random one) and streamed through `run_many` (several in flight); the first
+    else `seed` or a random one) and streamed through `run_many` (several in flight); the smallest
     case violating each invariant is then handed to hypothesis as a stored example (its choices),
     which replays and shrinks it. Like hypothesis, generation stops early once violations have
     been found and the latest half of the effort found no new one (at most 1000 cases after the
@@ -144,8 +144,9 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
 
 def _generate(regime, max_examples, max_ranks, pcp_sizes, transform, run_many, target, runner,
               record, deadline, rng, result: RegimeResult) -> dict[str, list] | None:
-    """The generation phase: the choices of the first case violating each invariant (None if
-    the deadline stopped it). Adds its time less the drawing's to result.check_seconds."""
+    """The generation phase: per invariant, the choices of the smallest case (_size) whose first
+    violation it is: the least for hypothesis to shrink (None if the deadline stopped the
+    phase). Adds its time less the drawing's to result.check_seconds."""
     pending: deque = deque()  # the choices of the cases in flight, in order
     stop = False
     drawn = 0
@@ -169,6 +170,7 @@ def _generate(regime, max_examples, max_ranks, pcp_sizes, transform, run_many, t
             yield case
 
     found: dict[str, list] = {}
+    smallest: dict[str, tuple] = {}
     first_at = last_at = 0
     count = 0
     out_of_time = False
@@ -176,9 +178,11 @@ def _generate(regime, max_examples, max_ranks, pcp_sizes, transform, run_many, t
         choices = pending.popleft()
         count += 1
         first = record(observation)
-        if first is not None and first not in found:
-            found[first] = choices
-            first_at, last_at = first_at or count, count
+        if first is not None:
+            if first not in found:
+                first_at, last_at = first_at or count, count
+            if first not in found or _size(observation) < smallest[first]:
+                found[first], smallest[first] = choices, _size(observation)
         # stop drawing (the cases in flight still finish: a backend keeps its results in order)
         if deadline is not None and time.monotonic() >= deadline:
             stop = out_of_time = True
