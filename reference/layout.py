@@ -104,15 +104,22 @@ def global_slots(batch: Batch, dcp_rank: int) -> np.ndarray:
     return np.where(owner == dcp_rank, slot, PAD_SLOT_ID).astype(_I64, copy=False)
 
 
+def global_slot_maps(batch: Batch) -> list:
+    """S_d for every DCP rank d (section 3's formula): computed once, it can be handed to
+    `layout` and `expected_caches` as their `slots` (what each would compute itself)."""
+    owner, slot = _owner_and_slot(batch)
+    dd = dcp_size(batch)
+    if dd == 1:
+        return [slot]
+    return [np.where(owner == d, slot, PAD_SLOT_ID) for d in range(dd)]
+
+
 def _all_global_slots(batch: Batch, slots) -> list:
     """S_d for every DCP rank d, from the formula or the caller's override."""
+    if slots is None:
+        return global_slot_maps(batch)
     dd = dcp_size(batch)
     n = sum(r.num_tokens for r in batch.requests)
-    if slots is None:
-        owner, slot = _owner_and_slot(batch)
-        if dd == 1:
-            return [slot]
-        return [np.where(owner == d, slot, PAD_SLOT_ID) for d in range(dd)]
     single = (isinstance(slots, np.ndarray) and slots.ndim == 1) or (
         isinstance(slots, (list, tuple)) and (len(slots) == 0 or np.ndim(slots[0]) == 0)
     )
