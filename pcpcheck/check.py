@@ -6,6 +6,7 @@ predicates of spec/invariants.py, evaluated on the index-level observation (rows
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,14 +16,14 @@ import reference
 import spec.invariants as inv
 from pcpcheck.cases import Case, as_bytes, as_tensor, row_content
 from spec import model
-from spec.names import NO_ROW
+from spec.names import NO_ROW, Batch
 from spec.registry import Step, evaluate
 
 
 # Rows of a contiguous range of labels per (tensor index, row bytes), grown on demand: a case's
 # input rows are slices of it, not hashed again for every case (row_content is the costliest
-# part of preparing a case). Label ranges wider than _TABLE_LIMIT are computed directly.
-_TABLE_LIMIT = 1 << 14
+# part of preparing a case). A table over _TABLE_BYTES is not kept: those rows are computed.
+_TABLE_BYTES = 1 << 20
 _tables: dict[tuple[int, int], tuple[int, np.ndarray]] = {}
 
 
@@ -38,12 +39,16 @@ def contents(labels: np.ndarray, tensor_index: int, row_bytes: int) -> np.ndarra
         if rows is not None:  # grow by at least the current span, so growth stays rare
             span = len(rows)
             low, high = min(low, base - span), max(high, base + 2 * span)
-        if high - low > _TABLE_LIMIT:
+        if (high - low) * row_bytes > _TABLE_BYTES:
             return row_content(labels.reshape(-1), tensor_index, row_bytes).reshape(
                 *labels.shape, row_bytes)
         base, rows = low, row_content(np.arange(low, high, dtype=np.int64), tensor_index, row_bytes)
         _tables[key] = base, rows
     return rows[labels - base]
+
+
+# TensorSpec.row_bytes computes np.prod each time, a few microseconds: once per spec instead.
+_row_bytes = functools.lru_cache(maxsize=None)(lambda spec: spec.row_bytes)
 
 
 @dataclass
@@ -73,12 +78,15 @@ class Prepared:
         """Rows of every input label (self.labels order) in one tensor, to decode outputs."""
         if tensor_index not in self._content:
             spec = self.case.tensors[tensor_index]
-            self._content[tensor_index] = contents(self.labels, tensor_index, spec.row_bytes)
+            self._content[tensor_index] = contents(self.labels, tensor_index, _row_bytes(spec))
         return self._content[tensor_index]
 
     def decoded(self, tensor_index: int, tensor: torch.Tensor) -> list[int]:
-        """decode_rows of one returned tensor, worked out once per distinct content."""
-        rows = as_bytes(tensor)
+        """decode_rows of one returned tensor, of its input's dtype and trailing shape
+        (_malformed), worked out once per distinct content."""
+        # as_bytes, less its np.prod (which costs more than the rest): the row size is known
+        rows = tensor.detach().cpu().contiguous().view(torch.uint8).reshape(
+            tensor.shape[0], _row_bytes(self.case.tensors[tensor_index])).numpy()
         key = (tensor_index, rows.shape, rows.tobytes())
         labels = self._decoded.get(key)
         if labels is None:
@@ -109,22 +117,26 @@ class Prepared:
 
 
 def prepare(case: Case) -> Prepared:
-    batch = case.batch
-    size = batch.pcp_size
+    tokens, slot_maps, nds, shard, owned, labels = _plan(case.batch)
+    per_tensor = [contents(tokens, k, _row_bytes(spec)) for k, spec in enumerate(case.tensors)]
+    sources = [[rows[rank] for rows in per_tensor] for rank in range(len(tokens))]
+    expected = [dict(owned[rank % len(owned)]) for rank in range(len(tokens))]
+    return Prepared(case, tokens, sources, list(slot_maps), list(nds), shard, expected, labels)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(batch: Batch) -> tuple:
+    """What a case's preparation takes from its batch alone, the reference's layout and caches:
+    (tokens, slot maps, nds, shard, the caches each DCP rank must hold, sorted labels). Batches
+    recur (hypothesis draws a batch again with other tensors, and shrinks by small steps), so
+    this is kept per batch; its arrays are shared by every case of the batch: read only."""
     slots = reference.global_slot_maps(batch)  # once, for both the layout and the caches
     layout = reference.layout(batch, slots)
-    tokens = np.asarray(layout.tokens, dtype=np.int64).reshape(size, -1)
-    per_tensor = [contents(tokens, k, spec.row_bytes) for k, spec in enumerate(case.tensors)]
-    sources = [[rows[rank] for rows in per_tensor] for rank in range(size)]
-    owned = reference.expected_caches(batch, slots)
-    if reference.dcp_size(batch) == 1:  # every rank must hold the same replica
-        replica = dict(zip(owned[0][0].tolist(), owned[0][1].tolist()))
-        expected = [replica] + [dict(replica) for _ in range(size - 1)]
-    else:
-        expected = [dict(zip(s.tolist(), t.tolist())) for s, t in owned]
-    return Prepared(case, tokens, sources, [np.asarray(m, dtype=np.int64) for m in layout.slot_maps],
-                    [int(n) for n in layout.num_decode_tokens], bool(layout.shard), expected,
-                    np.unique(tokens))
+    tokens = np.asarray(layout.tokens, dtype=np.int64).reshape(batch.pcp_size, -1)
+    owned = reference.expected_caches(batch, slots)[:reference.dcp_size(batch)]  # D = 1: a replica
+    return (tokens, tuple(np.asarray(m, dtype=np.int64) for m in layout.slot_maps),
+            tuple(int(n) for n in layout.num_decode_tokens), bool(layout.shard),
+            tuple(dict(zip(s.tolist(), t.tolist())) for s, t in owned), np.unique(tokens))
 
 
 @dataclass
@@ -251,17 +263,23 @@ def _malformed(value, specs, slot_dtype: torch.dtype, device: str) -> str | None
         if tensor.dtype != spec.torch_dtype or tuple(tensor.shape[1:]) != spec.trailing:
             return (f"tensor {k} as {tensor.dtype} {tuple(tensor.shape)}; it went in as "
                     f"{spec.torch_dtype} (L, {', '.join(map(str, spec.trailing))})")
-        where = getattr(tensor, "reported_device", str(tensor.device))
+        where = _device(tensor)
         if where != device:
             return f"tensor {k} on {where}; it went in on {device}"
     if not isinstance(slots, torch.Tensor) or slots.dim() != 1:
         return (f"slot_mapping as {type(slots).__name__} {getattr(slots, 'dtype', '')} "
                 f"{tuple(getattr(slots, 'shape', ()))}, not a 1-D tensor")
-    where = getattr(slots, "reported_device", str(slots.device))
+    where = _device(slots)
     if slots.dtype != slot_dtype or where != device:
         return (f"slot_mapping as {slots.dtype} on {where}; it went in as {slot_dtype} "
                 f"on {device}")
     return None
+
+
+def _device(tensor: torch.Tensor) -> str:
+    """Where a tensor was: the worker's report for a rebuilt one, else its own device."""
+    where = getattr(tensor, "reported_device", None)
+    return str(tensor.device) if where is None else where
 
 
 def judge(prepared: Prepared, views: list[RankView]) -> tuple[list[Violation], tuple[str, ...]]:
