@@ -25,7 +25,7 @@ def forget_batches() -> None:
     """Each repeat sees every case afresh: prepare keeps what it derives per batch (a batch drawn
     again within the cases is a hit, as in a search; one seen in an earlier repeat must not be)."""
     check = importlib.import_module("pcpcheck.check")  # `pcpcheck.check` is also a function
-    clear = getattr(getattr(check, "_plan", None), "cache_clear", None)  # absent before the cache existed
+    clear = getattr(getattr(check, "_kept_plan", None), "cache_clear", None)  # absent before the cache existed
     if clear:
         clear()
 

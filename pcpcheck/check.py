@@ -84,9 +84,10 @@ class Prepared:
     def decoded(self, tensor_index: int, tensor: torch.Tensor) -> list[int]:
         """decode_rows of one returned tensor, of its input's dtype and trailing shape
         (_malformed), worked out once per distinct content."""
-        # as_bytes, less its np.prod (which costs more than the rest): the row size is known
-        rows = tensor.detach().cpu().contiguous().view(torch.uint8).reshape(
-            tensor.shape[0], _row_bytes(self.case.tensors[tensor_index])).numpy()
+        # as_bytes, less its np.prod and torch reshape (they cost more than the rest): the row
+        # size is known
+        rows = tensor.detach().cpu().contiguous().view(torch.uint8).numpy().reshape(
+            tensor.shape[0], _row_bytes(self.case.tensors[tensor_index]))
         key = (tensor_index, rows.shape, rows.tobytes())
         labels = self._decoded.get(key)
         if labels is None:
@@ -124,12 +125,19 @@ def prepare(case: Case) -> Prepared:
     return Prepared(case, tokens, sources, list(slot_maps), list(nds), shard, expected, labels)
 
 
-@functools.lru_cache(maxsize=1024)
 def _plan(batch: Batch) -> tuple:
     """What a case's preparation takes from its batch alone, the reference's layout and caches:
     (tokens, slot maps, nds, shard, the caches each DCP rank must hold, sorted labels). Batches
     recur (hypothesis draws a batch again with other tensors, and shrinks by small steps), so
     this is kept per batch; its arrays are shared by every case of the batch: read only."""
+    try:
+        hash(batch)
+    except TypeError:  # a Batch built by hand with a list somewhere: not kept
+        return _reference_plan(batch)
+    return _kept_plan(batch)
+
+
+def _reference_plan(batch: Batch) -> tuple:
     slots = reference.global_slot_maps(batch)  # once, for both the layout and the caches
     layout = reference.layout(batch, slots)
     tokens = np.asarray(layout.tokens, dtype=np.int64).reshape(batch.pcp_size, -1)
@@ -137,6 +145,9 @@ def _plan(batch: Batch) -> tuple:
     return (tokens, tuple(np.asarray(m, dtype=np.int64) for m in layout.slot_maps),
             tuple(int(n) for n in layout.num_decode_tokens), bool(layout.shard),
             tuple(dict(zip(s.tolist(), t.tolist())) for s, t in owned), np.unique(tokens))
+
+
+_kept_plan = functools.lru_cache(maxsize=1024)(_reference_plan)
 
 
 @dataclass
