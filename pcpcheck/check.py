@@ -6,6 +6,7 @@ predicates of spec/invariants.py, evaluated on the index-level observation (rows
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,8 +16,39 @@ import reference
 import spec.invariants as inv
 from pcpcheck.cases import Case, as_bytes, as_tensor, row_content
 from spec import model
-from spec.names import NO_ROW
+from spec.names import NO_ROW, Batch
 from spec.registry import Step, evaluate
+
+
+# Rows of a contiguous range of labels per (tensor index, row bytes), grown on demand: a case's
+# input rows are slices of it, not hashed again for every case (row_content is the costliest
+# part of preparing a case). A table over _TABLE_BYTES is not kept: those rows are computed.
+_TABLE_BYTES = 1 << 20
+_tables: dict[tuple[int, int], tuple[int, np.ndarray]] = {}
+
+
+def contents(labels: np.ndarray, tensor_index: int, row_bytes: int) -> np.ndarray:
+    """row_content(labels, tensor_index, row_bytes), for labels of any shape (rows stack on a
+    last axis of row_bytes)."""
+    if labels.size == 0:
+        return np.empty((*labels.shape, row_bytes), dtype=np.uint8)
+    low, high = int(labels.min()), int(labels.max()) + 1
+    key = (tensor_index, row_bytes)
+    base, rows = _tables.get(key, (low, None))
+    if rows is None or low < base or high > base + len(rows):
+        if rows is not None:  # grow by at least the current span, so growth stays rare
+            span = len(rows)
+            low, high = min(low, base - span), max(high, base + 2 * span)
+        if (high - low) * row_bytes > _TABLE_BYTES:
+            return row_content(labels.reshape(-1), tensor_index, row_bytes).reshape(
+                *labels.shape, row_bytes)
+        base, rows = low, row_content(np.arange(low, high, dtype=np.int64), tensor_index, row_bytes)
+        _tables[key] = base, rows
+    return rows[labels - base]
+
+
+# TensorSpec.row_bytes computes np.prod each time, a few microseconds: once per spec instead.
+_row_bytes = functools.lru_cache(maxsize=None)(lambda spec: spec.row_bytes)
 
 
 @dataclass
@@ -33,6 +65,10 @@ class Prepared:
     labels: np.ndarray  # sorted distinct input row labels, to decode outputs
 
     _content: dict = field(default_factory=dict, repr=False)
+    # What observe already worked out for an earlier rank of this case (ranks often return the
+    # same bytes): (tensor index, output bytes) -> labels, and (rows, slots) -> cache.
+    _decoded: dict = field(default_factory=dict, repr=False)
+    _written: dict = field(default_factory=dict, repr=False)
 
     @property
     def size(self) -> int:
@@ -42,8 +78,34 @@ class Prepared:
         """Rows of every input label (self.labels order) in one tensor, to decode outputs."""
         if tensor_index not in self._content:
             spec = self.case.tensors[tensor_index]
-            self._content[tensor_index] = row_content(self.labels, tensor_index, spec.row_bytes)
+            self._content[tensor_index] = contents(self.labels, tensor_index, _row_bytes(spec))
         return self._content[tensor_index]
+
+    def decoded(self, tensor_index: int, tensor: torch.Tensor) -> list[int]:
+        """decode_rows of one returned tensor, of its input's dtype and trailing shape
+        (_malformed), worked out once per distinct content."""
+        # as_bytes, less its np.prod and torch reshape (they cost more than the rest): the row
+        # size is known
+        rows = tensor.detach().cpu().contiguous().view(torch.uint8).numpy().reshape(
+            tensor.shape[0], _row_bytes(self.case.tensors[tensor_index]))
+        key = (tensor_index, rows.shape, rows.tobytes())
+        labels = self._decoded.get(key)
+        if labels is None:
+            labels = self._decoded[key] = _labels_of(rows, self.labels, self.content(tensor_index))
+        return list(labels)
+
+    def written(self, rows: list[list[int]], slots: list[int]) -> list[dict[int, int]]:
+        """Per tensor, the cache model.write leaves (the kernel rule), worked out once per
+        distinct (rows, slots)."""
+        caches = []
+        slots_key = tuple(slots)
+        for tensor_rows in rows:
+            key = (tuple(tensor_rows), slots_key)
+            cache = self._written.get(key)
+            if cache is None:
+                cache = self._written[key] = model.write(tensor_rows, slots)
+            caches.append(dict(cache))
+        return caches
 
     def inputs(self, rank: int):
         """Fresh tensors for one rank's call (the sources stay pristine for NO_MUTATION)."""
@@ -56,15 +118,36 @@ class Prepared:
 
 
 def prepare(case: Case) -> Prepared:
-    layout = reference.layout(case.batch)
-    tokens = np.asarray(layout.tokens, dtype=np.int64).reshape(case.batch.pcp_size, -1)
-    sources = [[row_content(tokens[rank], k, spec.row_bytes) for k, spec in enumerate(case.tensors)]
-               for rank in range(case.batch.pcp_size)]
-    expected = [dict(zip(slots.tolist(), toks.tolist()))
-                for slots, toks in reference.expected_caches(case.batch)]
-    return Prepared(case, tokens, sources, [np.asarray(m, dtype=np.int64) for m in layout.slot_maps],
-                    [int(n) for n in layout.num_decode_tokens], bool(layout.shard), expected,
-                    np.unique(tokens))
+    tokens, slot_maps, nds, shard, owned, labels = _plan(case.batch)
+    per_tensor = [contents(tokens, k, _row_bytes(spec)) for k, spec in enumerate(case.tensors)]
+    sources = [[rows[rank] for rows in per_tensor] for rank in range(len(tokens))]
+    expected = [dict(owned[rank % len(owned)]) for rank in range(len(tokens))]
+    return Prepared(case, tokens, sources, list(slot_maps), list(nds), shard, expected, labels)
+
+
+def _plan(batch: Batch) -> tuple:
+    """What a case's preparation takes from its batch alone, the reference's layout and caches:
+    (tokens, slot maps, nds, shard, the caches each DCP rank must hold, sorted labels). Batches
+    recur (hypothesis draws a batch again with other tensors, and shrinks by small steps), so
+    this is kept per batch; its arrays are shared by every case of the batch: read only."""
+    try:
+        hash(batch)
+    except TypeError:  # a Batch built by hand with a list somewhere: not kept
+        return _reference_plan(batch)
+    return _kept_plan(batch)
+
+
+def _reference_plan(batch: Batch) -> tuple:
+    slots = reference.global_slot_maps(batch)  # once, for both the layout and the caches
+    layout = reference.layout(batch, slots)
+    tokens = np.asarray(layout.tokens, dtype=np.int64).reshape(batch.pcp_size, -1)
+    owned = reference.expected_caches(batch, slots)[:reference.dcp_size(batch)]  # D = 1: a replica
+    return (tokens, tuple(np.asarray(m, dtype=np.int64) for m in layout.slot_maps),
+            tuple(int(n) for n in layout.num_decode_tokens), bool(layout.shard),
+            tuple(dict(zip(s.tolist(), t.tolist())) for s, t in owned), np.unique(tokens))
+
+
+_kept_plan = functools.lru_cache(maxsize=1024)(_reference_plan)
 
 
 @dataclass
@@ -110,10 +193,15 @@ def decode_rows(tensor: torch.Tensor, tensor_index: int, valid: np.ndarray,
     valid: the sorted input labels (Prepared.labels); content: their rows in this tensor
     (row_content of valid; computed here when not given)."""
     rows = as_bytes(tensor)
+    if content is None and rows.shape[0] and valid.size:
+        content = row_content(valid, tensor_index, rows.shape[1])
+    return _labels_of(rows, valid, content)
+
+
+def _labels_of(rows: np.ndarray, valid: np.ndarray, content: np.ndarray) -> list[int]:
+    """decode_rows of rows already read as bytes (rows, row_bytes)."""
     if rows.shape[0] == 0 or valid.size == 0:
         return [NO_ROW] * rows.shape[0]
-    if content is None:
-        content = row_content(valid, tensor_index, rows.shape[1])
     claimed = rows[:, :4].copy().view("<i4").reshape(-1).astype(np.int64)
     position = np.searchsorted(valid, claimed).clip(max=valid.size - 1)
     genuine = (valid[position] == claimed) & (content[position] == rows).all(axis=1)
@@ -150,16 +238,15 @@ def observe(prepared: Prepared, rank: int, result) -> RankView:
             view.error = f"returned {problem}"
         else:
             try:
-                view.rows = [decode_rows(t, k, prepared.labels, prepared.content(k))
-                             for k, t in enumerate(result.value[0])]
-                view.slots = [int(slot) for slot in result.value[1].tolist()]
+                view.rows = [prepared.decoded(k, t) for k, t in enumerate(result.value[0])]
+                view.slots = result.value[1].tolist()  # an int64 tensor (_malformed): ints
                 view.returned = True
             except Exception as exc:  # noqa: BLE001 - a hostile return (odd layout, ...)
                 view.rows, view.slots = [], []
                 view.error = f"returned tensors pcpcheck cannot read: {type(exc).__name__}: {exc}"[:300]
     if not view.rows:
         view.rows = [[] for _ in specs]
-    view.caches = [model.write(rows, view.slots) for rows in view.rows]  # the kernel rule
+    view.caches = prepared.written(view.rows, view.slots)
     view.inputs_before = [src.tobytes() for src in prepared.sources[rank]]
     view.inputs_before.append(prepared.slot_maps[rank].tobytes())
     # A rank that never reported: its inputs are unknown, not mutated.
@@ -187,23 +274,29 @@ def _malformed(value, specs, slot_dtype: torch.dtype, device: str) -> str | None
         if tensor.dtype != spec.torch_dtype or tuple(tensor.shape[1:]) != spec.trailing:
             return (f"tensor {k} as {tensor.dtype} {tuple(tensor.shape)}; it went in as "
                     f"{spec.torch_dtype} (L, {', '.join(map(str, spec.trailing))})")
-        where = getattr(tensor, "reported_device", str(tensor.device))
+        where = _device(tensor)
         if where != device:
             return f"tensor {k} on {where}; it went in on {device}"
     if not isinstance(slots, torch.Tensor) or slots.dim() != 1:
         return (f"slot_mapping as {type(slots).__name__} {getattr(slots, 'dtype', '')} "
                 f"{tuple(getattr(slots, 'shape', ()))}, not a 1-D tensor")
-    where = getattr(slots, "reported_device", str(slots.device))
+    where = _device(slots)
     if slots.dtype != slot_dtype or where != device:
         return (f"slot_mapping as {slots.dtype} on {where}; it went in as {slot_dtype} "
                 f"on {device}")
     return None
 
 
+def _device(tensor: torch.Tensor) -> str:
+    """Where a tensor was: the worker's report for a rebuilt one, else its own device."""
+    where = getattr(tensor, "reported_device", None)
+    return str(tensor.device) if where is None else where
+
+
 def judge(prepared: Prepared, views: list[RankView]) -> tuple[list[Violation], tuple[str, ...]]:
     """Evaluate every predicate of spec.registry that applies in the case's regime; violations in
     priority order, and the IDs whose predicate actually ran on this case."""
-    step = Step(views, prepared.expected, [int(t) for t in prepared.labels if t >= 0],
+    step = Step(views, prepared.expected, prepared.labels[prepared.labels >= 0].tolist(),
                 len(prepared.case.tensors))
     failed, ran = evaluate(step, prepared.case.batch.regime)
     return [Violation(i, ranks) for i, ranks in failed.items()], ran

@@ -7,7 +7,7 @@ spec.names, never spec/ logic, impl/ or pcpcheck/.
 from reference.cache import expected_caches, write_cache
 from reference.gather import branch, gather
 from reference.layout import (ERA_CURRENT, ERA_V026, ERAS, Layout, dcp_size, expand_slot_mapping,
-                              global_slots, hidden_restore_index, layout, replicated_requests)
+                              global_slot_maps, global_slots, hidden_restore_index, layout, replicated_requests)
 
 __all__ = [
     "ERAS",
@@ -19,6 +19,7 @@ __all__ = [
     "expand_slot_mapping",
     "expected_caches",
     "gather",
+    "global_slot_maps",
     "global_slots",
     "hidden_restore_index",
     "layout",

@@ -47,12 +47,11 @@ def expected_caches(batch: Batch, slots=None) -> list:
     D = 1: every real token at its slot, on every rank. D > 1: rank r holds exactly the tokens DCP
     rank r owns. slots: optional override as in reference.layout.
     """
-    per_dcp = _all_global_slots(batch, slots)
-    pp = batch.pcp_size
-    out = []
-    for r in range(pp):
-        s = per_dcp[r if dcp_size(batch) > 1 else 0]
+    owned = []
+    for s in _all_global_slots(batch, slots):
         tokens = np.flatnonzero(s >= 0).astype(np.int64)
         order = np.argsort(s[tokens], kind="stable")
-        out.append((s[tokens][order], tokens[order]))
-    return out
+        owned.append((s[tokens][order], tokens[order]))
+    if dcp_size(batch) > 1:
+        return owned
+    return [owned[0]] + [(s.copy(), t.copy()) for s, t in owned * (batch.pcp_size - 1)]

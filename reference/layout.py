@@ -56,18 +56,19 @@ class Layout:
 
 
 def _token_requests(batch: Batch):
-    """(q per request, global start per request, request of each token, position of each token)."""
+    """(request of each token, position of each token)."""
     reqs = batch.requests
-    q = np.fromiter((r.num_tokens for r in reqs), dtype=_I64, count=len(reqs))
-    if q.size and q.min() < 0:
+    q = [r.num_tokens for r in reqs]
+    if min(q, default=0) < 0:
         raise ValueError("a request has a negative num_tokens")
-    ctx = np.fromiter((r.context_len for r in reqs), dtype=_I64, count=len(reqs))
-    ends = np.cumsum(q)
-    starts = ends - q
-    n = int(ends[-1]) if q.size else 0
+    shift = []  # per request: its context minus its first token's global index
+    start = 0
+    for r, n in zip(reqs, q):
+        shift.append(r.context_len - start)
+        start += n
     req_of = np.repeat(np.arange(len(reqs), dtype=_I64), q)
-    pos = np.arange(n, dtype=_I64) + np.repeat(ctx - starts, q)
-    return q, starts, req_of, pos
+    pos = np.arange(start, dtype=_I64) + np.array(shift, dtype=_I64)[req_of]
+    return req_of, pos
 
 
 def _owner_and_slot(batch: Batch):
@@ -75,24 +76,25 @@ def _owner_and_slot(batch: Batch):
     bs, dd, il = batch.block_size, dcp_size(batch), batch.interleave
     if bs <= 0 or dd <= 0 or il <= 0:
         raise ValueError("block_size, dcp size and interleave must be positive")
-    _, _, req_of, pos = _token_requests(batch)
-    span = bs * dd
-    vb = pos // span
-    off = pos % span
-    owner = (off // il) % dd
-    local = (off // (il * dd)) * il + off % il
-    nblocks = np.fromiter((len(r.blocks) for r in batch.requests), dtype=_I64,
-                          count=len(batch.requests))
-    if pos.size:
-        if np.any(vb >= nblocks[req_of]):
-            bad = int(req_of[np.argmax(vb >= nblocks[req_of])])
-            raise ValueError(f"request {bad}: block table too short for its positions")
-        flat = np.fromiter((b for r in batch.requests for b in r.blocks), dtype=_I64,
-                           count=int(nblocks.sum()))
-        base = np.cumsum(nblocks) - nblocks
-        slot = flat[base[req_of] + vb] * bs + local
+    req_of, pos = _token_requests(batch)
+    if not pos.size:
+        return pos, np.zeros(0, dtype=_I64)
+    vb, off = np.divmod(pos, bs * dd)
+    if dd == 1:  # one owner; the interleave permutes nothing within a block
+        owner, local = np.zeros_like(pos), off
     else:
-        slot = np.zeros(0, dtype=_I64)
+        owner = (off // il) % dd
+        local = (off // (il * dd)) * il + off % il
+    nblocks, base, flat = [], [], []  # per request: block count, first entry in flat; all tables
+    for r in batch.requests:
+        base.append(len(flat))
+        nblocks.append(len(r.blocks))
+        flat.extend(r.blocks)
+    short = vb >= np.array(nblocks, dtype=_I64)[req_of]
+    if short.any():
+        bad = int(req_of[np.argmax(short)])
+        raise ValueError(f"request {bad}: block table too short for its positions")
+    slot = np.array(flat, dtype=_I64)[np.array(base, dtype=_I64)[req_of] + vb] * bs + local
     return owner, slot
 
 
@@ -104,15 +106,22 @@ def global_slots(batch: Batch, dcp_rank: int) -> np.ndarray:
     return np.where(owner == dcp_rank, slot, PAD_SLOT_ID).astype(_I64, copy=False)
 
 
+def global_slot_maps(batch: Batch) -> list:
+    """S_d for every DCP rank d (section 3's formula): computed once, it can be handed to
+    `layout` and `expected_caches` as their `slots` (what each would compute itself)."""
+    owner, slot = _owner_and_slot(batch)
+    dd = dcp_size(batch)
+    if dd == 1:
+        return [slot]
+    return [np.where(owner == d, slot, PAD_SLOT_ID) for d in range(dd)]
+
+
 def _all_global_slots(batch: Batch, slots) -> list:
     """S_d for every DCP rank d, from the formula or the caller's override."""
+    if slots is None:
+        return global_slot_maps(batch)
     dd = dcp_size(batch)
     n = sum(r.num_tokens for r in batch.requests)
-    if slots is None:
-        owner, slot = _owner_and_slot(batch)
-        if dd == 1:
-            return [slot]
-        return [np.where(owner == d, slot, PAD_SLOT_ID) for d in range(dd)]
     single = (isinstance(slots, np.ndarray) and slots.ndim == 1) or (
         isinstance(slots, (list, tuple)) and (len(slots) == 0 or np.ndim(slots[0]) == 0)
     )
@@ -171,29 +180,23 @@ def layout(batch: Batch, slots=None, era: str = ERA_CURRENT) -> Layout:
     dd = dcp_size(batch)
     sharded = batch.regime == SHARDED
     per_rank = _rank_segments(batch) if era == ERA_CURRENT else _rank_segments_v026(batch)
-    segs = []
+    segs = []  # (first token, length, written?) of every segment, rank by rank
     seg_rank_l = []
     nds = []
+    counts_l = []  # real rows per rank
     for r in range(pp):
         rows = [seg[1:] for seg in sorted(per_rank[r], key=lambda seg: seg[0])]  # stable
         segs += [(start, length, write) for start, length, write, _ in rows]
         seg_rank_l += [r] * len(rows)
+        counts_l.append(sum(length for _, length, _, _ in rows))
         leading = 0  # nd: the leading decode rows (the kernel's split, sem section 9)
         for _, length, _, decode in rows:
             if not decode:
                 break
             leading += length
         nds.append(leading)
-    if segs:
-        seg_arr = np.array(segs, dtype=_I64)
-        seg_tok, seg_len, seg_write = seg_arr[:, 0], seg_arr[:, 1], seg_arr[:, 2].astype(bool)
-    else:
-        seg_tok = seg_len = np.zeros(0, dtype=_I64)
-        seg_write = np.zeros(0, dtype=bool)
-    seg_rank = np.array(seg_rank_l, dtype=_I64)
-
-    counts = np.bincount(seg_rank, weights=seg_len, minlength=pp).astype(_I64)
-    nmax = int(counts.max()) if pp else 0
+    counts = np.array(counts_l, dtype=_I64)
+    nmax = max(counts_l, default=0)
     graph = batch.graph_size
     if graph < 0:
         raise ValueError("graph_size must be >= 0")
@@ -201,18 +204,23 @@ def layout(batch: Batch, slots=None, era: str = ERA_CURRENT) -> Layout:
         raise ValueError(f"graph_size {graph} below the largest rank-local count {nmax}")
     width = max(nmax, graph)
 
-    seg_excl = np.cumsum(seg_len) - seg_len  # first row of each segment, over all ranks
-    rank_base = np.cumsum(counts) - counts
-    total = int(counts.sum())
-    ar = np.arange(total, dtype=_I64)
-    tok = ar + np.repeat(seg_tok - seg_excl, seg_len)
-    dest = ar + np.repeat(seg_rank * width - rank_base[seg_rank], seg_len)
-
     size = pp * width
     gidx = np.zeros(size, dtype=_I64)
-    gidx[dest] = tok
     wmask = np.zeros(size, dtype=bool)
-    wmask[dest] = np.repeat(seg_write, seg_len)
+    if segs:
+        seg_arr = np.array(segs, dtype=_I64)
+        seg_tok, seg_len = seg_arr[:, 0], seg_arr[:, 1]
+        seg_excl = np.cumsum(seg_len) - seg_len  # first row of each segment, over all ranks
+        rank_base = np.cumsum(counts) - counts
+        seg_rank = np.array(seg_rank_l, dtype=_I64)
+        # row i overall (rank-major, real rows only) lands at i + dest shift, holds i + token shift
+        shifts = np.stack((seg_rank * width - rank_base[seg_rank], seg_tok - seg_excl))
+        dest, tok = np.repeat(shifts, seg_len, axis=1) + np.arange(int(seg_excl[-1] + seg_len[-1]),
+                                                                   dtype=_I64)
+        gidx[dest] = tok
+        wmask[dest] = np.repeat(seg_arr[:, 2].astype(bool), seg_len)
+    else:
+        dest = tok = np.zeros(0, dtype=_I64)
     labels = -1 - np.arange(size, dtype=_I64)  # pad_label(r, j, W) == -(1 + r*W + j)
     labels[dest] = tok
     per_dcp = _all_global_slots(batch, slots)

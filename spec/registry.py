@@ -10,6 +10,7 @@ plain data, the fields SPEC.md's "What is observable" lists.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -117,24 +118,40 @@ def pairs(checker: str | None = None) -> list[tuple[str, str]]:
 
 
 def evaluate(step: Step, regime: str) -> tuple[dict[str, list[int]], tuple[str, ...]]:
-    """Run every applicable predicate on the step: (ID -> ranks violating it, IDs that ran)."""
+    """Run every applicable predicate on the step: (ID -> ranks violating it, IDs that ran).
+    Predicates are pure: a unit whose arguments equal an earlier unit's (ranks and tensors often
+    return the same rows) reuses that verdict instead of running the predicate again."""
     failed: dict[str, set[int]] = {}
     ran: list[str] = []
     ranks = range(len(step.ranks))
-    for entry in applicable(regime, GATHER):
+    for entry in _applicable_gather(regime):
+        seen: list[tuple] = []  # the distinct arguments the predicate ran on, and
+        verdicts: list[bool] = []  # its result on each
         if entry.scope in (PER_RANK, PER_TENSOR):
             tensors = range(step.num_tensors) if entry.scope == PER_TENSOR else (None,)
             units = [(r, k) for r in ranks for k in tensors
                      if step.ranks[r].returned or not entry.needs_output]
             for r, k in units:
                 unit = (r,) if k is None else (r, k)
-                if not entry.predicate(*entry.arguments(step, *unit)):
+                if not _holds(entry, entry.arguments(step, *unit), seen, verdicts):
                     failed.setdefault(entry.id, set()).add(r)
         else:
             units = [()] if entry.scope == GLOBAL else [(k,) for k in range(step.num_tensors)]
             for unit in units:
-                if not entry.predicate(*entry.arguments(step, *unit)):
+                if not _holds(entry, entry.arguments(step, *unit), seen, verdicts):
                     failed.setdefault(entry.id, set()).update(entry.blame(step, *unit))
         if units:
             ran.append(entry.id)
     return {i: sorted(failed[i]) for i in IDS if i in failed}, tuple(ran)
+
+
+def _holds(entry: Invariant, arguments: tuple, seen: list[tuple], verdicts: list[bool]) -> bool:
+    """The entry's predicate on these arguments: run, or the verdict on equal ones seen before."""
+    if arguments in seen:
+        return verdicts[seen.index(arguments)]
+    seen.append(arguments)
+    verdicts.append(entry.predicate(*arguments))
+    return verdicts[-1]
+
+
+_applicable_gather = functools.lru_cache(maxsize=None)(lambda regime: applicable(regime, GATHER))
