@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,7 +48,7 @@ class TensorSpec:
 
     @property
     def row_bytes(self) -> int:
-        return int(np.prod(self.trailing)) * self.torch_dtype.itemsize
+        return math.prod(self.trailing) * self.torch_dtype.itemsize
 
 
 # One draw per tensor (drawing is the search's bottleneck): every trailing shape x dtype.
@@ -200,8 +201,9 @@ def as_tensor(content: np.ndarray, spec: TensorSpec) -> torch.Tensor:
 def as_bytes(tensor: torch.Tensor) -> np.ndarray:
     """A tensor's rows as (rows, row_bytes) uint8, for bit-exact comparison."""
     rows = tensor.shape[0] if tensor.dim() else 1
-    row_bytes = int(np.prod(tensor.shape[1:])) * tensor.element_size()  # explicit: rows may be 0
-    return tensor.detach().cpu().contiguous().view(torch.uint8).reshape(rows, row_bytes).numpy()
+    row_bytes = math.prod(tensor.shape[1:]) * tensor.element_size()  # explicit: rows may be 0
+    # numpy's reshape and math.prod: torch's reshape and np.prod cost more than the rest
+    return tensor.detach().cpu().contiguous().view(torch.uint8).numpy().reshape(rows, row_bytes)
 
 
 # --- drawing cases ----------------------------------------------------------------------------

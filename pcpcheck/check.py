@@ -47,10 +47,6 @@ def contents(labels: np.ndarray, tensor_index: int, row_bytes: int) -> np.ndarra
     return rows[labels - base]
 
 
-# TensorSpec.row_bytes computes np.prod each time, a few microseconds: once per spec instead.
-_row_bytes = functools.lru_cache(maxsize=None)(lambda spec: spec.row_bytes)
-
-
 @dataclass
 class Prepared:
     """Everything derived from a case before the target runs."""
@@ -78,16 +74,13 @@ class Prepared:
         """Rows of every input label (self.labels order) in one tensor, to decode outputs."""
         if tensor_index not in self._content:
             spec = self.case.tensors[tensor_index]
-            self._content[tensor_index] = contents(self.labels, tensor_index, _row_bytes(spec))
+            self._content[tensor_index] = contents(self.labels, tensor_index, spec.row_bytes)
         return self._content[tensor_index]
 
     def decoded(self, tensor_index: int, tensor: torch.Tensor) -> list[int]:
         """decode_rows of one returned tensor, of its input's dtype and trailing shape
         (_malformed), worked out once per distinct content."""
-        # as_bytes, less its np.prod and torch reshape (they cost more than the rest): the row
-        # size is known
-        rows = tensor.detach().cpu().contiguous().view(torch.uint8).numpy().reshape(
-            tensor.shape[0], _row_bytes(self.case.tensors[tensor_index]))
+        rows = as_bytes(tensor)
         key = (tensor_index, rows.shape, rows.tobytes())
         labels = self._decoded.get(key)
         if labels is None:
@@ -119,7 +112,7 @@ class Prepared:
 
 def prepare(case: Case) -> Prepared:
     tokens, slot_maps, nds, shard, owned, labels = _plan(case.batch)
-    per_tensor = [contents(tokens, k, _row_bytes(spec)) for k, spec in enumerate(case.tensors)]
+    per_tensor = [contents(tokens, k, spec.row_bytes) for k, spec in enumerate(case.tensors)]
     sources = [[rows[rank] for rows in per_tensor] for rank in range(len(tokens))]
     expected = [dict(owned[rank % len(owned)]) for rank in range(len(tokens))]
     return Prepared(case, tokens, sources, list(slot_maps), list(nds), shard, expected, labels)
