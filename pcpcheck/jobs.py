@@ -21,14 +21,6 @@ from types import SimpleNamespace
 _PROGRESS_EVERY_S = 0.25
 
 
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - not Linux: the closed pipe still ends an idle driver
-        pass
-
-
 def _stop(signum, frame):
     raise SystemExit(1)
 
@@ -36,7 +28,8 @@ def _stop(signum, frame):
 def _driver(connection, open_backend, search_regime) -> None:
     """A forked driver: open a backend, report the target, then search the regimes it is sent
     (index, deadline) until it is sent None."""
-    _die_with_parent()
+    from pcpcheck.backends.worker import _die_with_parent  # as a worker dies with its driver
+    _die_with_parent(os.getppid())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; it stops us
     signal.signal(signal.SIGTERM, _stop)  # the parent's stop: close the backend, then exit
     try:
