@@ -211,8 +211,10 @@ INTERRUPTED = ("ignores_sigint.py", "slow_correct.py")
 def _start(key):
     if key[0] == "interrupt":  # a long search, Ctrl-C once a call has run
         _, target, backend = key
-        return run_pcpcheck([str(HOSTILE / target), "--regime", "sharded", "--max-examples",
-                             "1000", *BACKENDS[backend]], interrupt_after_call=True)
+        # two regimes: on threads each is searched by its own driver process (--jobs)
+        return run_pcpcheck([str(HOSTILE / target), "--regime", "sharded", "--regime",
+                             "replicated", "--max-examples", "1000", *BACKENDS[backend]],
+                            interrupt_after_call=True)
     target, backend = key
     return run_pcpcheck(_cli_args(target, backend))
 
