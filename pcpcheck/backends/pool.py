@@ -212,10 +212,12 @@ def read_status(status) -> tuple[int, float, list[float], list[int]]:
     return values[0], values[1], list(values[2:2 + MAX_RANKS]), list(values[2 + MAX_RANKS:])
 
 
-def wait_results(workers: list[WorkerProcess], timeout: float, grace: float):
+def wait_results(workers: list[WorkerProcess], timeout: float, grace: float, watch: bool = False):
     """One message per worker, or why none came: {index: ("result", header, blobs) |
     ("died", reason) | ("hung", rank) | ("late", None)}. A worker whose rank runs longer than
-    `timeout` is hung; after a death or a hang the others get `grace` seconds to report."""
+    `timeout` is hung; after a death or a hang the others get `grace` seconds to report.
+    `watch`: a worker that has reported but runs on (a later case) is watched too: hung there,
+    it is ("ahead", rank)."""
     import select
     outcome: dict[int, tuple] = {}
     pending = dict(enumerate(workers))
@@ -252,6 +254,11 @@ def wait_results(workers: list[WorkerProcess], timeout: float, grace: float):
             if rank is not None:
                 outcome[index] = ("hung", rank)
                 del pending[index]
+                hard_deadline = min(hard_deadline or now + grace, now + grace)
+        for index, worker in enumerate(workers) if watch else ():
+            rank = None if index in pending or outcome[index][0] != "result" else worker.overtime(timeout)
+            if rank is not None:
+                outcome[index] = ("ahead", rank)
                 hard_deadline = min(hard_deadline or now + grace, now + grace)
     for index in pending:
         outcome[index] = ("late", None)

@@ -4,13 +4,15 @@
 of a ProcessGroup, moving dtypes the backend lacks (bfloat16, float8, ... on gloo) as bytes.
 `CheckedGroup` wraps it for one call: it records every all_gather in the rank's trace, as
 `("all_gather", dim, shape, dtype)`, and before the real collective exchanges a fixed-size header
-(16 int64) on every rank:
+(16 int64: kind, case number, dim, shape, dtype) on every rank:
+- a peer still in an earlier case: the round is repeated until every rank is in this case;
+- a peer past this case (it returned or raised, and went on to a later case or to the end of
+  its batch): every rank of this case raises `CollectiveAborted`, at once, without a timeout;
 - headers disagree (dim, shape, dtype): every rank raises `CollectiveAborted` instead of handing
-  the backend unequal shapes (which can crash or hang it);
-- a rank that returned or raised joins the header rounds with a FINISHED header until every rank
-  has finished (`finish`): a rank waiting in a collective that a peer skipped sees FINISHED and
-  aborts at once, without a timeout. Every rank issues the same number of operations, so the
-  group stays usable for the next case.
+  the backend unequal shapes (which can crash or hang it).
+At the end of a batch every rank joins FINISHED rounds (`finish`) until all have finished it.
+Every rank issues the same number of operations, so the group stays usable for the next batch,
+and ranks never wait for each other between the cases of a batch unless they gather.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 from pcpcheck.backends.wire import TRACE_INCOMPLETE
 from pcpcheck.runner import CollectiveAborted
 
-_HEADER = 16  # [kind, dim, ndim, dtype code, shape (12, -1 padded)]
+_HEADER = 16  # [kind, case, dim, ndim, dtype code, shape (11, -1 padded)]
 _GATHER, _FINISHED = 1, 2
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
            torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64]
@@ -36,10 +38,35 @@ def _dtype_code(dtype: torch.dtype) -> int:
 
 
 def _shape_text(header: list[int]) -> str:
-    ndim, code = header[2], header[3]
-    shape = header[4:4 + ndim] if ndim <= _HEADER - 4 else ["..."]
+    ndim, code = header[3], header[4]
+    shape = header[5:5 + ndim] if ndim <= _HEADER - 5 else ["..."]
     dtype = str(_DTYPES[code]) if 0 <= code < len(_DTYPES) else f"dtype#{code}"
-    return f"dim {header[1]} ({', '.join(map(str, shape))}{',' if ndim == 1 else ''}) {dtype}"
+    return f"dim {header[2]} ({', '.join(map(str, shape))}{',' if ndim == 1 else ''}) {dtype}"
+
+
+def _exchange(adapter: GroupAdapter, device, header: list[int]) -> list[list[int]]:
+    import torch.distributed as dist
+    mine = torch.tensor(header + [-1] * (_HEADER - len(header)), dtype=torch.int64, device=device)
+    parts = [torch.empty_like(mine) for _ in range(adapter.world_size)]
+    dist.all_gather(parts, mine, group=adapter.process_group)
+    return [p.cpu().tolist() for p in parts]
+
+
+def _past(header: list[int], case: int) -> bool:
+    """The rank that sent `header` is done with case number `case`."""
+    return header[1] > case or (header[0] == _FINISHED and header[1] == case)
+
+
+def finish(adapter: GroupAdapter, device, case: int) -> bool:
+    """The end of a batch whose last case is number `case`: FINISHED rounds until every rank
+    has finished it. True if the group failed (poisoned)."""
+    while True:
+        try:
+            headers = _exchange(adapter, device, [_FINISHED, case])
+        except Exception:  # noqa: BLE001 - a backend timeout or a dead peer
+            return True
+        if all(h[0] == _FINISHED and h[1] == case for h in headers):
+            return False
 
 
 class GroupAdapter:
@@ -70,14 +97,16 @@ class GroupAdapter:
 class CheckedGroup:
     """The group a rank's call gets: trace, header rounds, then the real all_gather."""
 
-    def __init__(self, adapter: GroupAdapter, device: torch.device, trace: list, on_wait=None):
+    def __init__(self, adapter: GroupAdapter, device: torch.device, trace: list, on_wait=None,
+                 case: int = 0, poisoned: bool = False):
         self._adapter = adapter
+        self._case = case  # the case number (Worker.count), alike on every rank
         self._device = device
         self._trace = trace
         self._on_wait = on_wait or (lambda waiting: None)  # the host's hang clock
         self.world_size = adapter.world_size
         self.rank_in_group = adapter.rank_in_group
-        self.poisoned = False  # the backend itself failed: the group cannot be trusted any more
+        self.poisoned = poisoned  # the backend itself failed: the group cannot be trusted any more
 
     def _abort(self, reason: str) -> CollectiveAborted:
         message = f"all_gather on rank {self.rank_in_group} never completed: {reason}"
@@ -85,16 +114,15 @@ class CheckedGroup:
         return CollectiveAborted(message)
 
     def _exchange(self, header: list[int]) -> list[list[int]]:
-        import torch.distributed as dist
-        mine = torch.tensor(header + [-1] * (_HEADER - len(header)), dtype=torch.int64,
-                            device=self._device)
-        parts = [torch.empty_like(mine) for _ in range(self.world_size)]
+        """Header rounds until no rank is in an earlier case (they are waiting, not running)."""
         self._on_wait(True)
         try:
-            dist.all_gather(parts, mine, group=self._adapter.process_group)
+            while True:
+                headers = _exchange(self._adapter, self._device, header)
+                if not any(h[1] < self._case for h in headers):
+                    return headers
         finally:
             self._on_wait(False)
-        return [p.cpu().tolist() for p in parts]
 
     def all_gather(self, input_: torch.Tensor, dim: int = 0) -> torch.Tensor:
         if not isinstance(input_, torch.Tensor):
@@ -105,14 +133,14 @@ class CheckedGroup:
         if self.poisoned:
             raise self._abort("the process group already failed on this rank")
         shape = list(input_.shape)
-        header = [_GATHER, dim, len(shape), _dtype_code(input_.dtype)]
-        header += shape if len(shape) <= _HEADER - 4 else [zlib.crc32(str(shape).encode())]
+        header = [_GATHER, self._case, dim, len(shape), _dtype_code(input_.dtype)]
+        header += shape if len(shape) <= _HEADER - 5 else [zlib.crc32(str(shape).encode())]
         try:
             headers = self._exchange(header)
         except Exception as exc:  # noqa: BLE001 - a backend timeout or a dead peer
             self.poisoned = True
             raise self._abort(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
-        finished = [r for r, h in enumerate(headers) if h[0] == _FINISHED]
+        finished = [r for r, h in enumerate(headers) if _past(h, self._case)]
         if finished:
             raise self._abort("a peer never joined it (ranks that returned or raised instead: "
                               f"{finished})")
@@ -131,14 +159,3 @@ class CheckedGroup:
             raise self._abort(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
         finally:
             self._on_wait(False)
-
-    def finish(self) -> None:
-        """After the call: FINISHED header rounds until every rank has finished."""
-        while not self.poisoned:
-            try:
-                headers = self._exchange([_FINISHED])
-            except Exception:  # noqa: BLE001
-                self.poisoned = True
-                return
-            if all(h[0] == _FINISHED for h in headers):
-                return

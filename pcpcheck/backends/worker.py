@@ -28,11 +28,13 @@ import time
 import torch
 
 from pcpcheck.backends import wire
+from pcpcheck.backends.process_group import finish
 from pcpcheck.runner import FINISHED, RUNNING, WAITING, CollectiveAborted, RankOutcome, ThreadRunner
 
 MAX_OUTPUT = 4000  # bytes of a rank's printing kept per case
 MAX_RANKS = 8
 STATUS = struct.Struct(f"<qd{MAX_RANKS}d{MAX_RANKS}b")  # running rank, since, seconds/rank, states
+MAX_BATCH = 32  # cases per message at most: a rank may wait a whole batch of its peers' cases
 
 
 class Status:
@@ -172,6 +174,8 @@ class Worker:
         self.targets: dict[tuple, list] = {}
         self.threads = ThreadRunner()
         self.adapter = None
+        self.count = 0  # cases begun: on a process group, every rank numbers them alike
+        self.poisoned = False  # the process group failed: every later collective aborts
 
     # --- loading ----------------------------------------------------------------------------
     def load(self, header: dict) -> None:
@@ -221,8 +225,20 @@ class Worker:
                         "caps": asdict(release.caps)}})
 
     # --- cases ------------------------------------------------------------------------------
+    def cases(self, header: dict, blobs: list) -> None:
+        """A batch: its cases one after another, a result message as each one ends. On a process
+        group, ranks do not wait for each other between the cases of a batch (the headers of
+        CheckedGroup carry the case number), only at its end (`finish`)."""
+        offset = 0
+        for case, count in zip(header["cases"], header["counts"]):
+            self.case(case, blobs[offset:offset + count])
+            offset += count
+        if self.adapter is not None and not self.poisoned:
+            self.poisoned = finish(self.adapter, self.device, self.count)
+
     def case(self, header: dict, blobs: list) -> None:
         targets = self.targets[(header["source"], header["function"])]
+        self.count += 1
         self.capture.reset()
         self.status.begin()
         if "step" in header:
@@ -297,7 +313,8 @@ class Worker:
         def on_wait(waiting: bool) -> None:
             self.status.switch(rank, WAITING if waiting else RUNNING)
 
-        group = CheckedGroup(self.adapter, self.device, outcome.trace, on_wait)
+        group = CheckedGroup(self.adapter, self.device, outcome.trace, on_wait, self.count,
+                             self.poisoned)
         self.status.switch(rank, RUNNING)
         try:
             outcome.value = target.call(inputs[0], inputs[1], inputs[2], header["shard"], group=group)
@@ -305,9 +322,8 @@ class Worker:
             pass  # recorded in the trace
         except BaseException as exc:  # noqa: BLE001 - a target may raise anything, even SystemExit
             outcome.record_error(exc)
-        self.status.switch(rank, WAITING)
-        group.finish()
         self.status.switch(rank, FINISHED)
+        self.poisoned = group.poisoned
         end = self.capture.mark()
         out_blobs: list = []
         result = encode_rank(rank, outcome, inputs, self.capture.text([(0, end)]), out_blobs)
@@ -333,7 +349,8 @@ class Worker:
             dist.init_process_group(backend, timeout=startup, **kwargs)
         try:
             from torch.distributed.distributed_c10d import _set_pg_timeout
-            _set_pg_timeout(datetime.timedelta(seconds=config["timeout"]))
+            # A rank may wait in a header round while its peers run the rest of a batch.
+            _set_pg_timeout(datetime.timedelta(seconds=config["timeout"] * (MAX_BATCH + 1)))
         except Exception:  # noqa: BLE001 - older torch: the startup timeout stays
             pass
         self.adapter = GroupAdapter(dist.group.WORLD, backend)
@@ -349,8 +366,10 @@ class Worker:
                 break
             if header["op"] == "load":
                 self.load(header)
-            elif header["op"] == "case":
-                self.case(header, blobs)
+            elif header["op"] == "cases":
+                self.cases(header, blobs)
+            elif header["op"] == "case":  # torchrun: one case a message
+                self.cases({"cases": [header], "counts": [len(blobs)]}, blobs)
             else:
                 break
         os._exit(0)  # no interpreter teardown: a target's atexit handlers and threads do not run
