@@ -4,7 +4,9 @@
 of a ProcessGroup, moving dtypes the backend lacks (bfloat16, float8, ... on gloo) as bytes.
 `CheckedGroup` wraps it for one call: it records every all_gather in the rank's trace, as
 `("all_gather", dim, shape, dtype)`, and before the real collective exchanges a fixed-size header
-(16 int64: kind, case number, dim, shape, dtype) on every rank:
+(16 int64: kind, case number, dim, shape, dtype) on every rank, in a round of fixed size that
+also carries the rows themselves when they fit (`_INLINE` bytes: then that round is the
+collective, one per call instead of two):
 - a peer still in an earlier case: the round is repeated until every rank is in this case;
 - a peer past this case (it returned or raised, and went on to a later case or to the end of
   its batch): every rank of this case raises `CollectiveAborted`, at once, without a timeout;
@@ -25,6 +27,8 @@ from pcpcheck.backends.wire import TRACE_INCOMPLETE
 from pcpcheck.runner import CollectiveAborted
 
 _HEADER = 16  # [kind, case, dim, ndim, dtype code, shape (11, -1 padded)]
+_HEAD_BYTES = _HEADER * 8
+_INLINE = 8192  # bytes of a rank's rows carried in the header round (every round is this size)
 _GATHER, _FINISHED = 1, 2
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
            torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64]
@@ -44,12 +48,19 @@ def _shape_text(header: list[int]) -> str:
     return f"dim {header[2]} ({', '.join(map(str, shape))}{',' if ndim == 1 else ''}) {dtype}"
 
 
-def _exchange(adapter: GroupAdapter, device, header: list[int]) -> list[list[int]]:
+def _exchange(adapter: GroupAdapter, device, header: list[int], payload=None):
+    """One header round: every rank's header, and every rank's round (its payload after
+    _HEAD_BYTES). Every round has the same size, whatever each rank sends in it."""
     import torch.distributed as dist
-    mine = torch.tensor(header + [-1] * (_HEADER - len(header)), dtype=torch.int64, device=device)
+    mine = torch.empty(_HEAD_BYTES + _INLINE, dtype=torch.uint8, device=device)
+    head = torch.tensor(header + [-1] * (_HEADER - len(header)), dtype=torch.int64)
+    mine[:_HEAD_BYTES] = head.view(torch.uint8).to(device)
+    if payload is not None:
+        mine[_HEAD_BYTES:_HEAD_BYTES + payload.numel()] = payload
     parts = [torch.empty_like(mine) for _ in range(adapter.world_size)]
     dist.all_gather(parts, mine, group=adapter.process_group)
-    return [p.cpu().tolist() for p in parts]
+    headers = torch.stack([part[:_HEAD_BYTES] for part in parts]).view(torch.int64).cpu().tolist()
+    return headers, parts
 
 
 def _past(header: list[int], case: int) -> bool:
@@ -62,7 +73,7 @@ def finish(adapter: GroupAdapter, device, case: int) -> bool:
     has finished it. True if the group failed (poisoned)."""
     while True:
         try:
-            headers = _exchange(adapter, device, [_FINISHED, case])
+            headers, _ = _exchange(adapter, device, [_FINISHED, case])
         except Exception:  # noqa: BLE001 - a backend timeout or a dead peer
             return True
         if all(h[0] == _FINISHED and h[1] == case for h in headers):
@@ -113,14 +124,14 @@ class CheckedGroup:
         self._trace.append((TRACE_INCOMPLETE, message))
         return CollectiveAborted(message)
 
-    def _exchange(self, header: list[int]) -> list[list[int]]:
+    def _exchange(self, header: list[int], payload):
         """Header rounds until no rank is in an earlier case (they are waiting, not running)."""
         self._on_wait(True)
         try:
             while True:
-                headers = _exchange(self._adapter, self._device, header)
+                headers, parts = _exchange(self._adapter, self._device, header, payload)
                 if not any(h[1] < self._case for h in headers):
-                    return headers
+                    return headers, parts
         finally:
             self._on_wait(False)
 
@@ -135,8 +146,12 @@ class CheckedGroup:
         shape = list(input_.shape)
         header = [_GATHER, self._case, dim, len(shape), _dtype_code(input_.dtype)]
         header += shape if len(shape) <= _HEADER - 5 else [zlib.crc32(str(shape).encode())]
+        size = input_.numel() * input_.element_size()
+        inline = None  # the rows as bytes, if they travel in the header round
+        if input_.dim() and size <= _INLINE and input_.device == self._device:
+            inline = input_.contiguous().reshape(-1).view(torch.uint8)
         try:
-            headers = self._exchange(header)
+            headers, parts = self._exchange(header, inline)
         except Exception as exc:  # noqa: BLE001 - a backend timeout or a dead peer
             self.poisoned = True
             raise self._abort(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
@@ -149,6 +164,9 @@ class CheckedGroup:
                 f"rank {r}: {_shape_text(h)}" for r, h in enumerate(headers)))
         if not -input_.dim() <= dim < max(input_.dim(), 1):  # like torch.cat, on every rank alike
             raise IndexError(f"all_gather: dim {dim} out of range for a {input_.dim()}-d tensor")
+        if inline is not None:  # every rank's rows came with the headers (equal, so all inline)
+            return torch.cat([part[_HEAD_BYTES:_HEAD_BYTES + size].view(input_.dtype).reshape(shape)
+                              for part in parts], dim=dim)
         self._on_wait(True)
         try:
             return self._adapter.all_gather(input_, dim)
