@@ -282,6 +282,20 @@ def test_a_rank_failing_mid_batch_costs_only_its_case(backend_name, failure, mes
 
 
 @pytest.mark.parametrize("backend_name", ["threads", "gloo"])
+def test_a_collective_skipped_mid_batch_fails_only_its_case(backend_name, threads, gloo, tmp_path):
+    """Rank 1 returns without gathering in case 5 (the second of the batch of 4) and goes on to
+    case 6 while rank 0 waits in case 5's gather: rank 0's gather is aborted (on gloo: rank 1's
+    header says it is past case 5), and every other case is clean."""
+    backend = threads if backend_name == "threads" else gloo
+    target = backend.load(_counting_target(tmp_path, 5, "return tensors, slot_mapping"))
+    observations = list(run_cases([CASE] * 12, target, backend))
+    assert [bool(o.violations) for o in observations] == [False] * 4 + [True] + [False] * 7
+    collective = [v for v in observations[4].violations if v.invariant == COLLECTIVE]
+    assert collective and collective[0].ranks == [0, 1]  # 0 never completed it, 1 never issued it
+    assert (tmp_path / "calls").read_text() == "x" * 12
+
+
+@pytest.mark.parametrize("backend_name", ["threads", "gloo"])
 def test_a_stream_abandoned_midway_leaves_the_workers_usable(backend_name, tmp_path):
     """A consumer that stops early (a deadline, a violation) leaves cases in flight: the next
     run drains their results, on the same workers, and gets its own."""

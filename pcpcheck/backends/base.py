@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from pcpcheck.backends import wire
-from pcpcheck.backends.worker import MAX_BATCH
+from pcpcheck.backends.worker import MAX_AHEAD, MAX_BATCH
 from pcpcheck.loader import LoadError
 
 GRACE = 1.5  # seconds the driver waits past a death or a hang for the other ranks' reports
@@ -150,13 +150,17 @@ class BatchedBackend(Backend):
     A stream abandoned by its consumer (a deadline, a violation) leaves results owed
     (`_owed`): the next stream drains them first, or retires a channel that fails meanwhile."""
 
-    depth = 2
+    depth = MAX_AHEAD // MAX_BATCH  # a peer waits for at most this many batches of cases
     max_batch = MAX_BATCH
 
     def __init__(self, timeout: float):
         super().__init__(timeout)
         self._owed: dict = {}  # channel -> results sent for and not received
         self._stream = None
+
+    def load(self, source: str, function: str | None = None) -> TargetInfo:
+        self._settle()  # a worker answers in order: owed results come before "loaded"
+        return super().load(source, function)
 
     def run(self, prepared, target: TargetInfo) -> list[RankResult]:
         return next(self.run_many([prepared], target))

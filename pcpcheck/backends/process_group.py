@@ -12,9 +12,9 @@ collective, one per call instead of two):
   its batch): every rank of this case raises `CollectiveAborted`, at once, without a timeout;
 - headers disagree (dim, shape, dtype): every rank raises `CollectiveAborted` instead of handing
   the backend unequal shapes (which can crash or hang it).
-At the end of a batch every rank joins FINISHED rounds (`finish`) until all have finished it.
-Every rank issues the same number of operations, so the group stays usable for the next batch,
-and ranks never wait for each other between the cases of a batch unless they gather.
+Before going idle (no next batch waiting) every rank joins FINISHED rounds (`finish`) until all
+are done with its last case. Rounds are matched one for one on every rank, so the group stays
+usable, and ranks never wait for each other between cases unless they gather.
 """
 
 from __future__ import annotations
@@ -69,14 +69,14 @@ def _past(header: list[int], case: int) -> bool:
 
 
 def finish(adapter: GroupAdapter, device, case: int) -> bool:
-    """The end of a batch whose last case is number `case`: FINISHED rounds until every rank
-    has finished it. True if the group failed (poisoned)."""
+    """Before going idle after case number `case`: FINISHED rounds until every rank is done
+    with it (finished too, or already in a later case). True if the group failed (poisoned)."""
     while True:
         try:
             headers, _ = _exchange(adapter, device, [_FINISHED, case])
         except Exception:  # noqa: BLE001 - a backend timeout or a dead peer
             return True
-        if all(h[0] == _FINISHED and h[1] == case for h in headers):
+        if all(_past(h, case) for h in headers):
             return False
 
 

@@ -34,7 +34,8 @@ from pcpcheck.runner import FINISHED, RUNNING, WAITING, CollectiveAborted, RankO
 MAX_OUTPUT = 4000  # bytes of a rank's printing kept per case
 MAX_RANKS = 8
 STATUS = struct.Struct(f"<qd{MAX_RANKS}d{MAX_RANKS}b")  # running rank, since, seconds/rank, states
-MAX_BATCH = 32  # cases per message at most: a rank may wait a whole batch of its peers' cases
+MAX_BATCH = 32  # cases per message at most
+MAX_AHEAD = 2 * MAX_BATCH  # cases a peer may run while a rank waits in a header round (2 batches)
 
 
 class Status:
@@ -225,16 +226,26 @@ class Worker:
                         "caps": asdict(release.caps)}})
 
     # --- cases ------------------------------------------------------------------------------
-    def cases(self, header: dict, blobs: list) -> None:
+    def cases(self, header: dict, blobs: list):
         """A batch: its cases one after another, a result message as each one ends. On a process
         group, ranks do not wait for each other between the cases of a batch (the headers of
-        CheckedGroup carry the case number), only at its end (`finish`)."""
+        CheckedGroup carry the case number), only before this worker goes idle (`finish`: a
+        peer may be waiting in a collective this rank skipped); with the next batch already
+        here, its cases' header rounds release such a peer instead. The next message, if any
+        came: it is served next."""
         offset = 0
         for case, count in zip(header["cases"], header["counts"]):
             self.case(case, blobs[offset:offset + count])
             offset += count
-        if self.adapter is not None and not self.poisoned:
+        if self.adapter is None or self.poisoned:
+            return None
+        try:
+            following = self.reader.recv(time.monotonic())  # only what is here already
+        except wire.ChannelClosed:
+            following = None
+        if following is None or following[0].get("op") != "cases":
             self.poisoned = finish(self.adapter, self.device, self.count)
+        return following
 
     def case(self, header: dict, blobs: list) -> None:
         targets = self.targets[(header["source"], header["function"])]
@@ -349,8 +360,8 @@ class Worker:
             dist.init_process_group(backend, timeout=startup, **kwargs)
         try:
             from torch.distributed.distributed_c10d import _set_pg_timeout
-            # A rank may wait in a header round while its peers run the rest of a batch.
-            _set_pg_timeout(datetime.timedelta(seconds=config["timeout"] * (MAX_BATCH + 1)))
+            # A rank may wait in a header round while a peer runs cases (each within timeout).
+            _set_pg_timeout(datetime.timedelta(seconds=config["timeout"] * (MAX_AHEAD + 1)))
         except Exception:  # noqa: BLE001 - older torch: the startup timeout stays
             pass
         self.adapter = GroupAdapter(dist.group.WORLD, backend)
@@ -359,17 +370,19 @@ class Worker:
         if self.config["mode"] != "threads":
             self.join_group()
         wire.send(self.out, {"op": "ready", "pid": os.getpid()})
+        following = None
         while True:
             try:
-                header, blobs = self.reader.recv()
+                header, blobs = following or self.reader.recv()
             except wire.ChannelClosed:
                 break
+            following = None
             if header["op"] == "load":
                 self.load(header)
             elif header["op"] == "cases":
-                self.cases(header, blobs)
+                following = self.cases(header, blobs)
             elif header["op"] == "case":  # torchrun: one case a message
-                self.cases({"cases": [header], "counts": [len(blobs)]}, blobs)
+                following = self.cases({"cases": [header], "counts": [len(blobs)]}, blobs)
             else:
                 break
         os._exit(0)  # no interpreter teardown: a target's atexit handlers and threads do not run
