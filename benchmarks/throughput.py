@@ -1,16 +1,18 @@
 """Throughput of the check's hot loop: cases per second, printed, never asserted.
 
-- run+judge: the isolated threads backend (one worker process hosting the P ranks) plus judging,
-  on pre-drawn cases, per PCP size P: one case per round trip (what the search does, since
-  hypothesis draws the next case only after judging this one), and pipelined (`check.run_cases`:
-  the worker runs the next case while the driver judges this one);
-- end to end: `engine.search` on the bundled impl, hypothesis drawing included.
-Best of --repeat runs (the machine is shared).
+- run+judge: a backend plus judging, on pre-drawn cases, per PCP size P: one case per round
+  trip (`check.run_case` per case: what a search that draws each case after judging the last
+  one gets), and streamed (`check.run_cases`: the backend sends several cases per message and
+  keeps two messages in flight, base.BatchedBackend); threads (one worker process hosting the
+  P ranks) and, with --backends, gloo (one process per rank, real collectives);
+- end to end: `engine.search` on the bundled impl, hypothesis drawing included (threads).
+Best of --repeat runs (the machine is shared); the load average is printed with every figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from hypothesis import HealthCheck, given, settings
@@ -45,23 +47,45 @@ def best_rate(run, count: int, repeat: int) -> float:
     return best
 
 
+def load() -> str:
+    return "load " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def run_and_judge(backend_name: str, sizes, count: int, repeat: int, max_batch: int | None) -> None:
+    print(f"{backend_name}: run+judge on pre-drawn cases (bundled impl, all regimes mixed), cases/s:")
+    for size in sizes:
+        batch = drawn_cases(size, 3 * count)[:count]
+        with make_backend(backend_name, timeout=10.0, world_sizes=[size]) as backend:
+            if max_batch:
+                backend.max_batch = max_batch
+            target = backend.load("impl")
+            for case in batch[:20]:  # warm the workers
+                run_case(case, target, backend)
+            one = best_rate(lambda: [run_case(case, target, backend) for case in batch],
+                            len(batch), repeat)
+            streamed = best_rate(lambda: list(run_cases(batch, target, backend)), len(batch), repeat)
+        print(f"  P={size}: {len(batch)} cases, {one:6.0f} one per round trip, {streamed:6.0f} "
+              f"streamed ({load()})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--sizes", default="2,4,8")
+    parser.add_argument("--backends", default="threads", help="comma-separated: threads, gloo")
+    parser.add_argument("--cases", type=int, default=1000, help="pre-drawn cases per P")
+    parser.add_argument("--max-batch", type=int, default=None, help="cases per message at most")
+    parser.add_argument("--no-search", action="store_true", help="skip the end-to-end figures")
     args = parser.parse_args()
+    sizes = [int(size) for size in args.sizes.split(",")]
+    for name in args.backends.split(","):
+        run_and_judge(name, sizes if name == "threads" else [s for s in sizes if s <= 4],
+                      args.cases, args.repeat, args.max_batch)
+    if args.no_search:
+        return
     with make_backend("threads", timeout=10.0) as backend:
         target = backend.load("impl")
-        print("run+judge on pre-drawn cases (bundled impl, all regimes mixed), cases/s:")
-        for size in map(int, args.sizes.split(",")):
-            batch = drawn_cases(size, 3000)
-            for case in batch[:20]:  # warm the worker
-                run_case(case, target, backend)
-            one = best_rate(lambda: [run_case(case, target, backend) for case in batch],
-                            len(batch), args.repeat)
-            piped = best_rate(lambda: list(run_cases(batch, target, backend)), len(batch), args.repeat)
-            print(f"  P={size}: {len(batch)} cases, {one:6.0f} one per round trip, {piped:6.0f} pipelined")
-        print("end to end (hypothesis drawing included), P <= 4, 300 cases per regime:")
+        print(f"end to end (threads, hypothesis drawing included), P <= 4, 300 cases per regime ({load()}):")
         for regime in REGIMES:
             result = search(target, regime, backend, max_examples=300, max_ranks=4)
             print(f"  {regime:<12} {result.cases / result.seconds:6.0f} cases/s end to end, "
