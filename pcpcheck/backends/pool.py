@@ -38,6 +38,19 @@ def _become_subreaper() -> None:
         pass
 
 
+_F_SETPIPE_SZ = 1031
+PIPE_BYTES = 1 << 20  # a batch fits: the driver never waits for the worker to read it
+
+
+def _widen(fd: int) -> None:
+    """A pipe of PIPE_BYTES (Linux; the default 64 KiB elsewhere or above the system's limit)."""
+    try:
+        import fcntl
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_BYTES)
+    except (ImportError, OSError):
+        pass
+
+
 class Workspace:
     """A backend's temporary directory."""
 
@@ -67,6 +80,8 @@ class WorkerProcess:
         self.capture_path, status_path = workspace.files(label)
         to_worker, from_driver = os.pipe()  # the worker reads to_worker; we write from_driver
         from_worker, to_driver = os.pipe()
+        for fd in (from_driver, to_driver):
+            _widen(fd)
         config = dict(config, parent=os.getpid(), status=status_path, capture=self.capture_path)
         config.update({"in": to_worker, "out": to_driver})
         env = dict(os.environ)
