@@ -51,6 +51,25 @@ def load() -> str:
     return "load " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def cpu_seconds(pids) -> float:
+    """User + system CPU of processes (Linux /proc), to weigh a run on a shared machine."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_case(run, count: int, pids) -> str:
+    """CPU per case of one run: the driver's and the workers' (less sensitive to load than
+    cases/s)."""
+    driver, workers = time.process_time(), cpu_seconds(pids)
+    run()
+    driver, workers = time.process_time() - driver, cpu_seconds(pids) - workers
+    return f"CPU per case: driver {1e3 * driver / count:.2f} ms, workers {1e3 * workers / count:.2f} ms"
+
+
 def run_and_judge(backend_name: str, sizes, count: int, repeat: int, max_batch: int | None) -> None:
     print(f"{backend_name}: run+judge on pre-drawn cases (bundled impl, all regimes mixed), cases/s:")
     for size in sizes:
@@ -61,11 +80,14 @@ def run_and_judge(backend_name: str, sizes, count: int, repeat: int, max_batch: 
             target = backend.load("impl")
             for case in batch[:20]:  # warm the workers
                 run_case(case, target, backend)
-            one = best_rate(lambda: [run_case(case, target, backend) for case in batch],
-                            len(batch), repeat)
-            streamed = best_rate(lambda: list(run_cases(batch, target, backend)), len(batch), repeat)
-        print(f"  P={size}: {len(batch)} cases, {one:6.0f} one per round trip, {streamed:6.0f} "
-              f"streamed ({load()})")
+            each = lambda: [run_case(case, target, backend) for case in batch]  # noqa: E731
+            streaming = lambda: list(run_cases(batch, target, backend))  # noqa: E731
+            one = best_rate(each, len(batch), repeat)
+            streamed = best_rate(streaming, len(batch), repeat)
+            print(f"  P={size}: {len(batch)} cases, {one:6.0f} one per round trip, {streamed:6.0f} "
+                  f"streamed ({load()})")
+            print(f"    one per round trip: {cpu_per_case(each, len(batch), backend.pids)}")
+            print(f"    streamed:           {cpu_per_case(streaming, len(batch), backend.pids)}")
 
 
 def main() -> None:

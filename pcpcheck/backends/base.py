@@ -123,13 +123,13 @@ class Backend:
         self.close()
 
 
-class _Sent:
-    """A case of a stream: where it runs (its channel), whether it was sent."""
+class _Entry:
+    """A case of a stream, and where it runs (its channel)."""
 
-    __slots__ = ("prepared", "key", "sent")
+    __slots__ = ("prepared", "key")
 
     def __init__(self, prepared, key):
-        self.prepared, self.key, self.sent = prepared, key, False
+        self.prepared, self.key = prepared, key
 
 
 class BatchedBackend(Backend):
@@ -182,7 +182,7 @@ class BatchedBackend(Backend):
                 if prepared is None:
                     more = False
                     break
-                entry = _Sent(prepared, self._channel(prepared))
+                entry = _Entry(prepared, self._channel(prepared))
                 order.append(entry)
                 unsent.setdefault(entry.key, deque()).append(entry)
             if not order:
@@ -195,8 +195,6 @@ class BatchedBackend(Backend):
                     careful[key] = max(0, careful.get(key, 0) - len(chunk))
                     self._send(key, [entry.prepared for entry in chunk], target)
                     self._owed[key] = self._owed.get(key, 0) + len(chunk)
-                    for entry in chunk:
-                        entry.sent = True
                     sent.append(chunk)
             head = order[0]
             alone = len(flights[head.key][0]) == 1 == len(flights[head.key])  # nothing runs after it
@@ -214,8 +212,6 @@ class BatchedBackend(Backend):
                 again = []
                 if status == "lost":  # the rest in flight went down with the channel
                     again = [entry for chunk in flights.pop(head.key) for entry in chunk]
-            for entry in again:
-                entry.sent = False
             unsent[head.key] = deque(again + list(unsent.get(head.key, ())))
             if status != "retry":
                 yield results
