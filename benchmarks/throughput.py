@@ -90,6 +90,31 @@ def run_and_judge(backend_name: str, sizes, count: int, repeat: int, max_batch: 
             print(f"    streamed:           {cpu_per_case(streaming, len(batch), backend.pids)}")
 
 
+def draw_then_stream(backend_name: str, sizes, count: int) -> None:
+    """Hypothesis draws `count` cases of a regime (P in `sizes`), timed; then they stream through
+    the backend, timed: what a search that streams its cases gets, drawing not overlapped."""
+    with make_backend(backend_name, timeout=10.0, world_sizes=sizes) as backend:
+        target = backend.load("impl")
+        for regime in ("sharded", "replicated"):
+            drawn = []
+
+            @settings(max_examples=count, database=None, derandomize=True, deadline=None,
+                      suppress_health_check=list(HealthCheck))
+            @given(cases(regimes=(regime,), max_ranks=max(sizes), pcp_sizes=sizes))
+            def collect(case):
+                drawn.append(case)
+
+            started = time.perf_counter()
+            collect()
+            drawn_at = time.perf_counter()
+            list(run_cases(drawn, target, backend))
+            done = time.perf_counter()
+            print(f"  {backend_name} P in {sizes} {regime}: {len(drawn)} cases, drawing "
+                  f"{1e3 * (drawn_at - started) / len(drawn):.2f} ms/case, streamed "
+                  f"{len(drawn) / (done - drawn_at):.0f} cases/s, draw then stream "
+                  f"{len(drawn) / (done - started):.0f} cases/s ({load()})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
@@ -98,11 +123,18 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=1000, help="pre-drawn cases per P")
     parser.add_argument("--max-batch", type=int, default=None, help="cases per message at most")
     parser.add_argument("--no-search", action="store_true", help="skip the end-to-end figures")
+    parser.add_argument("--draw-then-stream", default=None, metavar="SIZES",
+                        help="also: draw 300 cases per regime with P in SIZES, then stream them "
+                             "(each backend of --backends)")
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
     for name in args.backends.split(","):
         run_and_judge(name, sizes if name == "threads" else [s for s in sizes if s <= 4],
                       args.cases, args.repeat, args.max_batch)
+    if args.draw_then_stream:
+        print("drawn by hypothesis, then streamed (bundled impl):")
+        for name in args.backends.split(","):
+            draw_then_stream(name, [int(size) for size in args.draw_then_stream.split(",")], 300)
     if args.no_search:
         return
     with make_backend("threads", timeout=10.0) as backend:
