@@ -18,7 +18,7 @@ import datetime
 import time
 
 from pcpcheck.backends import base, pool, wire
-from pcpcheck.backends.base import GRACE, LOAD_TIMEOUT, STARTUP_TIMEOUT, BatchedBackend, RankResult
+from pcpcheck.backends.base import GRACE, LOAD_TIMEOUT, STARTUP_TIMEOUT, BatchedBackend
 from pcpcheck.backends.base import TargetInfo
 from pcpcheck.backends.base import WorkerError
 from pcpcheck.loader import LoadError
