@@ -1,16 +1,18 @@
 """Throughput of the check's hot loop: cases per second, printed, never asserted.
 
-- run+judge: the isolated threads backend (one worker process hosting the P ranks) plus judging,
-  on pre-drawn cases, per PCP size P: one case per round trip (what the search does, since
-  hypothesis draws the next case only after judging this one), and pipelined (`check.run_cases`:
-  the worker runs the next case while the driver judges this one);
-- end to end: `engine.search` on the bundled impl, hypothesis drawing included.
-Best of --repeat runs (the machine is shared).
+- run+judge: a backend plus judging, on pre-drawn cases, per PCP size P: one case per round
+  trip (`check.run_case` per case: what a search that draws each case after judging the last
+  one gets), and streamed (`check.run_cases`: the backend sends several cases per message and
+  keeps two messages in flight, base.BatchedBackend); threads (one worker process hosting the
+  P ranks) and, with --backends, gloo (one process per rank, real collectives);
+- end to end: `engine.search` on the bundled impl, hypothesis drawing included (threads).
+Best of --repeat runs (the machine is shared); the load average is printed with every figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from hypothesis import HealthCheck, given, settings
@@ -45,23 +47,99 @@ def best_rate(run, count: int, repeat: int) -> float:
     return best
 
 
+def load() -> str:
+    return "load " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def cpu_seconds(pids) -> float:
+    """User + system CPU of processes (Linux /proc), to weigh a run on a shared machine."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_case(run, count: int, pids) -> str:
+    """CPU per case of one run: the driver's and the workers' (less sensitive to load than
+    cases/s)."""
+    driver, workers = time.process_time(), cpu_seconds(pids)
+    run()
+    driver, workers = time.process_time() - driver, cpu_seconds(pids) - workers
+    return f"CPU per case: driver {1e3 * driver / count:.2f} ms, workers {1e3 * workers / count:.2f} ms"
+
+
+def run_and_judge(backend_name: str, sizes, count: int, repeat: int, max_batch: int | None) -> None:
+    print(f"{backend_name}: run+judge on pre-drawn cases (bundled impl, all regimes mixed), cases/s:")
+    for size in sizes:
+        batch = drawn_cases(size, 3 * count)[:count]
+        with make_backend(backend_name, timeout=10.0, world_sizes=[size]) as backend:
+            if max_batch:
+                backend.max_batch = max_batch
+            target = backend.load("impl")
+            for case in batch[:20]:  # warm the workers
+                run_case(case, target, backend)
+            each = lambda: [run_case(case, target, backend) for case in batch]  # noqa: E731
+            streaming = lambda: list(run_cases(batch, target, backend))  # noqa: E731
+            one = best_rate(each, len(batch), repeat)
+            streamed = best_rate(streaming, len(batch), repeat)
+            print(f"  P={size}: {len(batch)} cases, {one:6.0f} one per round trip, {streamed:6.0f} "
+                  f"streamed ({load()})")
+            print(f"    one per round trip: {cpu_per_case(each, len(batch), backend.pids)}")
+            print(f"    streamed:           {cpu_per_case(streaming, len(batch), backend.pids)}")
+
+
+def draw_then_stream(backend_name: str, sizes, count: int) -> None:
+    """Hypothesis draws `count` cases of a regime (P in `sizes`), timed; then they stream through
+    the backend, timed: what a search that streams its cases gets, drawing not overlapped."""
+    with make_backend(backend_name, timeout=10.0, world_sizes=sizes) as backend:
+        target = backend.load("impl")
+        for regime in ("sharded", "replicated"):
+            drawn = []
+
+            @settings(max_examples=count, database=None, derandomize=True, deadline=None,
+                      suppress_health_check=list(HealthCheck))
+            @given(cases(regimes=(regime,), max_ranks=max(sizes), pcp_sizes=sizes))
+            def collect(case):
+                drawn.append(case)
+
+            started = time.perf_counter()
+            collect()
+            drawn_at = time.perf_counter()
+            list(run_cases(drawn, target, backend))
+            done = time.perf_counter()
+            print(f"  {backend_name} P in {sizes} {regime}: {len(drawn)} cases, drawing "
+                  f"{1e3 * (drawn_at - started) / len(drawn):.2f} ms/case, streamed "
+                  f"{len(drawn) / (done - drawn_at):.0f} cases/s, draw then stream "
+                  f"{len(drawn) / (done - started):.0f} cases/s ({load()})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--sizes", default="2,4,8")
+    parser.add_argument("--backends", default="threads", help="comma-separated: threads, gloo")
+    parser.add_argument("--cases", type=int, default=1000, help="pre-drawn cases per P")
+    parser.add_argument("--max-batch", type=int, default=None, help="cases per message at most")
+    parser.add_argument("--no-search", action="store_true", help="skip the end-to-end figures")
+    parser.add_argument("--draw-then-stream", default=None, metavar="SIZES",
+                        help="also: draw 300 cases per regime with P in SIZES, then stream them "
+                             "(each backend of --backends)")
     args = parser.parse_args()
+    sizes = [int(size) for size in args.sizes.split(",")]
+    for name in args.backends.split(","):
+        run_and_judge(name, sizes if name == "threads" else [s for s in sizes if s <= 4],
+                      args.cases, args.repeat, args.max_batch)
+    if args.draw_then_stream:
+        print("drawn by hypothesis, then streamed (bundled impl):")
+        for name in args.backends.split(","):
+            draw_then_stream(name, [int(size) for size in args.draw_then_stream.split(",")], 300)
+    if args.no_search:
+        return
     with make_backend("threads", timeout=10.0) as backend:
         target = backend.load("impl")
-        print("run+judge on pre-drawn cases (bundled impl, all regimes mixed), cases/s:")
-        for size in map(int, args.sizes.split(",")):
-            batch = drawn_cases(size, 3000)
-            for case in batch[:20]:  # warm the worker
-                run_case(case, target, backend)
-            one = best_rate(lambda: [run_case(case, target, backend) for case in batch],
-                            len(batch), args.repeat)
-            piped = best_rate(lambda: list(run_cases(batch, target, backend)), len(batch), args.repeat)
-            print(f"  P={size}: {len(batch)} cases, {one:6.0f} one per round trip, {piped:6.0f} pipelined")
-        print("end to end (hypothesis drawing included), P <= 4, 300 cases per regime:")
+        print(f"end to end (threads, hypothesis drawing included), P <= 4, 300 cases per regime ({load()}):")
         for regime in REGIMES:
             result = search(target, regime, backend, max_examples=300, max_ranks=4)
             print(f"  {regime:<12} {result.cases / result.seconds:6.0f} cases/s end to end, "

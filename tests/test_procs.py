@@ -23,7 +23,7 @@ if not torch_dist.is_available() or not torch_dist.is_gloo_available():
 from pcpcheck import cli  # noqa: E402
 from pcpcheck.backends import make_backend  # noqa: E402
 from pcpcheck.cases import Case  # noqa: E402
-from pcpcheck.check import run_case  # noqa: E402
+from pcpcheck.check import run_case, run_cases  # noqa: E402
 from pcpcheck.engine import search  # noqa: E402
 from pcpcheck.loader import LoadError  # noqa: E402
 from spec.names import COLLECTIVE, REGIMES, REPLICA  # noqa: E402
@@ -235,6 +235,85 @@ def test_hung_or_dead_rank_is_collective_and_leaves_no_process(backend_name, hos
     finally:
         backend.close()
     assert not [pid for pid in backend.retired_pids if _alive(pid)]
+
+
+def _counting_target(tmp_path, on_call: int, failure: str) -> str:
+    """Rank 1 prints its call number (counted in a file, across workers) and fails on call
+    number `on_call`; every call gathers (branch B of CASE)."""
+    calls = tmp_path / "calls"
+    return _target(tmp_path, "counting", before=(
+        f"n = _count()\n    print('call', n)\n    if n == {on_call}: {failure}"), top=f"""
+        def _count():
+            if get_pcp_group().rank_in_group != 1:
+                return 0
+            with open({str(calls)!r}, "a+") as handle:
+                handle.write("x")
+                handle.seek(0)
+                return len(handle.read())
+        """)
+
+
+@pytest.mark.parametrize("backend_name", ["threads", "gloo"])
+@pytest.mark.parametrize("failure, message", [
+    ("__import__('time').sleep(120)", "rank 1 did not return within 2 s"),
+    ("__import__('os')._exit(7)", "rank 1 died (exit code 7) before returning"),
+])
+def test_a_rank_failing_mid_batch_costs_only_its_case(backend_name, failure, message, tmp_path):
+    """Batches double from 1 case (1, 2, 4, ...): call 7 is the third case of the batch of 4.
+    The cases before it keep their results, it gets the verdict naming rank 1, and the cases
+    after it run once each, on a fresh worker or pool, their output captured per case."""
+    backend = make_backend(backend_name, timeout=2.0, world_sizes=[2])
+    try:
+        target = backend.load(_counting_target(tmp_path, 7, failure))
+        first = backend.pids
+        observations = list(run_cases([CASE] * 12, target, backend))
+        assert [bool(o.violations) for o in observations] == [False] * 6 + [True] + [False] * 5
+        assert observations[6].violations[0].invariant == COLLECTIVE
+        assert observations[6].ranks[1].trace[-1][1].startswith(message)
+        for number, observation in enumerate(observations, 1):
+            if number != 7:
+                assert observation.ranks[1].output == f"call {number}\n"
+                assert observation.ranks[1].inputs_after == observation.ranks[1].inputs_before
+        assert (tmp_path / "calls").read_text() == "x" * 12  # no case ran twice
+        assert set(backend.pids).isdisjoint(first)
+        assert not [pid for pid in first if _alive(pid)]
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("backend_name", ["threads", "gloo"])
+def test_a_collective_skipped_mid_batch_fails_only_its_case(backend_name, threads, gloo, tmp_path):
+    """Rank 1 returns without gathering in case 5 (the second of the batch of 4) and goes on to
+    case 6 while rank 0 waits in case 5's gather: rank 0's gather is aborted (on gloo: rank 1's
+    header says it is past case 5), and every other case is clean."""
+    backend = threads if backend_name == "threads" else gloo
+    target = backend.load(_counting_target(tmp_path, 5, "return tensors, slot_mapping"))
+    observations = list(run_cases([CASE] * 12, target, backend))
+    assert [bool(o.violations) for o in observations] == [False] * 4 + [True] + [False] * 7
+    collective = [v for v in observations[4].violations if v.invariant == COLLECTIVE]
+    assert collective and collective[0].ranks == [0, 1]  # 0 never completed it, 1 never issued it
+    assert (tmp_path / "calls").read_text() == "x" * 12
+
+
+@pytest.mark.parametrize("backend_name", ["threads", "gloo"])
+def test_a_stream_abandoned_midway_leaves_the_workers_usable(backend_name, tmp_path):
+    """A consumer that stops early (a deadline, a violation) leaves cases in flight: the next
+    run drains their results, on the same workers, and gets its own."""
+    backend = make_backend(backend_name, timeout=TIMEOUT, world_sizes=[2])
+    try:
+        target = backend.load(_counting_target(tmp_path, 0, "pass"))
+        first = backend.pids
+        stream = run_cases([CASE] * 40, target, backend)
+        assert [next(stream).violations for _ in range(3)] == [[], [], []]
+        del stream
+        observation = run_case(CASE, target, backend)
+        assert observation.violations == []
+        calls = len((tmp_path / "calls").read_text())
+        assert 3 + 1 < calls < 40 + 1  # more were in flight than consumed, not all of them
+        assert observation.ranks[1].output == f"call {calls}\n"  # its own result, not a stale one
+        assert backend.pids == first
+    finally:
+        backend.close()
 
 
 def test_exit_zero_in_a_call_is_a_verdict_and_at_import_a_load_error(threads, tmp_path):

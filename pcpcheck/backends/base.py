@@ -12,9 +12,11 @@ and judges it. A backend never judges, and never imports the target: its workers
 from __future__ import annotations
 
 import json
+from collections import deque
 from dataclasses import dataclass, field
 
 from pcpcheck.backends import wire
+from pcpcheck.backends.worker import MAX_AHEAD, MAX_BATCH
 from pcpcheck.loader import LoadError
 
 GRACE = 1.5  # seconds the driver waits past a death or a hang for the other ranks' reports
@@ -121,6 +123,119 @@ class Backend:
         self.close()
 
 
+class _Entry:
+    """A case of a stream, and where it runs (its channel)."""
+
+    __slots__ = ("prepared", "key")
+
+    def __init__(self, prepared, key):
+        self.prepared, self.key = prepared, key
+
+
+class BatchedBackend(Backend):
+    """A backend whose cases go to channels (a worker, a pool of workers) in batches: one
+    message carries up to `max_batch` cases, the workers run them one after another and report
+    each as it ends, and `depth` batches per channel are in flight (the workers run while the
+    driver judges). The batch size starts at 1 and doubles after each batch, so the first
+    results come at once and a stream stopped early leaves little to drain.
+
+    Subclasses implement `_channel(prepared) -> key`, `_send(key, prepareds, target)` and
+    `_receive(key, size, careful) -> (status, results)`: the head case's (P = size) "result", "lost"
+    (the head case's verdict: its channel died or hung, and was retired) or "retry" (the channel
+    failed where the head case cannot be blamed, and was retired: the head case and those after
+    it run again on a fresh channel, each alone). A rank that hangs or dies before reporting the
+    head case did so in it. `careful`: the head case is alone in flight on its channel, so
+    whatever fails is its doing.
+
+    A stream abandoned by its consumer (a deadline, a violation) leaves results owed
+    (`_owed`): the next stream drains them first, or retires a channel that fails meanwhile."""
+
+    depth = MAX_AHEAD // MAX_BATCH  # a peer waits for at most this many batches of cases
+    max_batch = MAX_BATCH
+
+    def __init__(self, timeout: float):
+        super().__init__(timeout)
+        self._owed: dict = {}  # channel -> results sent for and not received
+        self._stream = None
+
+    def load(self, source: str, function: str | None = None) -> TargetInfo:
+        self._settle()  # a worker answers in order: owed results come before "loaded"
+        return super().load(source, function)
+
+    def run(self, prepared, target: TargetInfo) -> list[RankResult]:
+        return next(self.run_many([prepared], target))
+
+    def run_many(self, prepareds, target: TargetInfo):
+        stream = self._stream = object()
+        self._settle()
+        cases, more = iter(prepareds), True
+        order: deque = deque()  # cases not yielded yet, in stream order
+        unsent: dict = {}  # channel -> deque of cases to send, in order
+        flights: dict = {}  # channel -> deque of batches in flight (lists of cases)
+        careful: dict = {}  # channel -> cases still to send alone
+        batch = 1
+        while True:
+            if self._stream is not stream:
+                raise RuntimeError("a later run_many took this backend over")
+            while more and len(order) < self.depth * batch:
+                prepared = next(cases, None)
+                if prepared is None:
+                    more = False
+                    break
+                entry = _Entry(prepared, self._channel(prepared))
+                order.append(entry)
+                unsent.setdefault(entry.key, deque()).append(entry)
+            if not order:
+                return
+            for key, queue in unsent.items():
+                sent = flights.setdefault(key, deque())
+                while queue and len(sent) < (1 if careful.get(key) else self.depth):
+                    size = 1 if careful.get(key) else batch
+                    chunk = [queue.popleft() for _ in range(min(size, len(queue)))]
+                    careful[key] = max(0, careful.get(key, 0) - len(chunk))
+                    self._send(key, [entry.prepared for entry in chunk], target)
+                    self._owed[key] = self._owed.get(key, 0) + len(chunk)
+                    sent.append(chunk)
+            head = order[0]
+            alone = len(flights[head.key][0]) == 1 == len(flights[head.key])  # nothing runs after it
+            status, results = self._receive(head.key, head.prepared.size, alone)
+            if status == "retry":  # every case in flight on this channel again, alone
+                again = [entry for chunk in flights.pop(head.key) for entry in chunk]
+                careful[head.key] = len(again)
+                batch = 1
+            else:
+                order.popleft()
+                flights[head.key][0].pop(0)
+                if not flights[head.key][0]:
+                    flights[head.key].popleft()
+                    batch = min(self.max_batch, batch * 2)
+                again = []
+                if status == "lost":  # the rest in flight went down with the channel
+                    again = [entry for chunk in flights.pop(head.key) for entry in chunk]
+            unsent[head.key] = deque(again + list(unsent.get(head.key, ())))
+            if status != "retry":
+                yield results
+
+    def _settle(self) -> None:
+        """Results an abandoned stream left owed: drained (a failing channel is retired)."""
+        for key in list(self._owed):
+            while self._owed.get(key):
+                if self._receive(key, 0, False)[0] != "result":
+                    break
+
+    def _received(self, key) -> None:
+        self._owed[key] -= 1
+
+    def _channel(self, prepared):
+        raise NotImplementedError
+
+    def _send(self, key, prepareds, target: TargetInfo) -> None:
+        raise NotImplementedError
+
+    def _receive(self, key, size: int, careful: bool) -> tuple[str, list[RankResult] | None]:
+        raise NotImplementedError
+
+
 def load_message(target_source: str, function: str | None, copies: int) -> dict:
     return {"op": "load", "source": target_source, "function": function or "", "copies": copies}
 
@@ -162,6 +277,18 @@ def case_message(prepared, target: TargetInfo, ranks) -> tuple[dict, list]:
         blobs += [source.tobytes() for source in prepared.sources[rank]]
         blobs.append(prepared.slot_maps[rank].tobytes())
     return header, blobs
+
+
+def batch_message(prepareds, target: TargetInfo, ranks=None) -> tuple[dict, list]:
+    """Several cases in one message (the worker runs them in order, reporting each), for
+    `ranks` (None: every rank of each case)."""
+    cases, counts, blobs = [], [], []
+    for prepared in prepareds:
+        header, more = case_message(prepared, target, range(prepared.size) if ranks is None else ranks)
+        cases.append(header)
+        counts.append(len(more))
+        blobs += more
+    return {"op": "cases", "cases": cases, "counts": counts}, blobs
 
 
 def decode_rank(result: dict, blobs: list) -> RankResult:

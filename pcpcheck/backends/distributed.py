@@ -4,9 +4,12 @@ Per world size P a pool of P workers is started once; they meet through a TCPSto
 hosts on a free loopback port (no port race) and run each case together (the worker's
 `CheckedGroup` keeps their collectives aligned, process_group.py). The driver stays outside the
 group: it waits on pipes, never in a collective, so a hung or dead rank costs one case, not the
-run. A rank that runs past `timeout` (waiting in a collective does not count), or whose process
-dies, gets a verdict; the survivors get GRACE seconds (their own collectives time out after
-`timeout`) to report; then the pool is killed and a fresh one serves the next case.
+run. Cases go to a pool in batches (base.BatchedBackend); its ranks do not wait for each other
+between the cases of a batch. A rank that runs past `timeout` (waiting in a collective does not
+count), or whose process dies, costs the pool: killed, a fresh one runs again, each case alone,
+the cases whose results had not all come (the rank that failed may have been ahead of its peers,
+in a later case). A case that fails alone in flight gets the verdict: the failing rank named, the
+survivors given GRACE seconds to report.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import datetime
 import time
 
 from pcpcheck.backends import base, pool, wire
-from pcpcheck.backends.base import GRACE, LOAD_TIMEOUT, STARTUP_TIMEOUT, Backend, RankResult, TargetInfo
+from pcpcheck.backends.base import GRACE, LOAD_TIMEOUT, STARTUP_TIMEOUT, BatchedBackend
+from pcpcheck.backends.base import TargetInfo
 from pcpcheck.backends.base import WorkerError
 from pcpcheck.loader import LoadError
 
@@ -64,7 +68,7 @@ class Pool:
             worker.kill()
 
 
-class DistributedBackend(Backend):
+class DistributedBackend(BatchedBackend):
     def __init__(self, backend: str = "gloo", timeout: float = 10.0, load_timeout: float | None = None):
         super().__init__(timeout)
         self.name = backend
@@ -117,22 +121,36 @@ class DistributedBackend(Backend):
             self.start([size])
         return self._pools[size]
 
-    def run(self, prepared, target: TargetInfo) -> list[RankResult]:
-        ranks_pool = self._pool(prepared.size)
+    def _channel(self, prepared) -> int:
+        return prepared.size
+
+    def _send(self, size: int, prepareds, target: TargetInfo) -> None:
+        ranks_pool = self._pool(size)
         for rank, worker in enumerate(ranks_pool.workers):
-            header, blobs = base.case_message(prepared, target, [rank])
-            worker.send(header, blobs)
-        outcomes = pool.wait_results(ranks_pool.workers, self.timeout, GRACE)
-        hung = [o[1] for o in outcomes.values() if o[0] == "hung"]
-        results = []
-        for rank in range(prepared.size):
-            outcome = outcomes[rank]
-            if outcome[0] == "result":
-                result = base.decode_rank(outcome[1]["ranks"][0], outcome[2])
-                ranks_pool.broken |= result.poisoned
-                results.append(result)
+            worker.send(*base.batch_message(prepareds, target, [rank]))
+
+    def _receive(self, size: int, _, careful: bool):
+        ranks_pool = self._pools[size]
+        # Alone in flight, no rank can be in a later case: one that looks so is not watched
+        # (a status a target forged would otherwise have this case run again and again).
+        outcomes = pool.wait_results(ranks_pool.workers, self.timeout, GRACE, watch=not careful)
+        outcomes = [outcomes[rank] for rank in range(size)]  # arrival order -> rank order
+        results = [base.decode_rank(outcome[1]["ranks"][0], outcome[2])
+                   if outcome[0] == "result" else None for outcome in outcomes]
+        if all(result is not None and not result.poisoned for result in results):
+            self._received(size)
+            return "result", results
+        # A rank that hung in a later case, or a group that failed (a peer may have died in a
+        # later case) while other cases were in flight: not this case's doing.
+        ahead = any(outcome[0] == "ahead" for outcome in outcomes)
+        if ahead or (not careful and None not in results):
+            self._retire(ranks_pool)
+            return "retry", None
+        hung = [o[1] for o in outcomes if o[0] == "hung"]
+        for rank in range(size):
+            if results[rank] is not None:
                 continue
-            ranks_pool.broken = True
+            outcome = outcomes[rank]
             output = ranks_pool.workers[rank].output_tail()
             last = output.strip().splitlines()[-1][:200] if output.strip() else ""
             if outcome[0] == "died":
@@ -143,10 +161,9 @@ class DistributedBackend(Backend):
             else:
                 reason = (f"all_gather on rank {rank} never completed: rank "
                           f"{hung[0] if hung else '?'} did not return within {self.timeout:g} s")
-            results.append(base.lost_rank(reason, output))
-        if ranks_pool.broken:  # no process outlives the case that broke it
-            self._retire(ranks_pool)
-        return results
+            results[rank] = base.lost_rank(reason, output)
+        self._retire(ranks_pool)  # no process outlives the case that broke it
+        return "lost", results
 
     def _retire(self, old: Pool) -> None:
         old.close()
@@ -154,6 +171,7 @@ class DistributedBackend(Backend):
         for size, existing in list(self._pools.items()):
             if existing is old:
                 del self._pools[size]
+                self._owed.pop(size, None)  # what the pool owed is lost with it
 
     def close(self) -> None:
         for existing in list(self._pools.values()):

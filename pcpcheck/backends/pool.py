@@ -38,6 +38,19 @@ def _become_subreaper() -> None:
         pass
 
 
+_F_SETPIPE_SZ = 1031
+PIPE_BYTES = 1 << 20  # a batch fits: the driver never waits for the worker to read it
+
+
+def _widen(fd: int) -> None:
+    """A pipe of PIPE_BYTES (Linux; the default 64 KiB elsewhere or above the system's limit)."""
+    try:
+        import fcntl
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_BYTES)
+    except (ImportError, OSError):
+        pass
+
+
 class Workspace:
     """A backend's temporary directory."""
 
@@ -67,6 +80,8 @@ class WorkerProcess:
         self.capture_path, status_path = workspace.files(label)
         to_worker, from_driver = os.pipe()  # the worker reads to_worker; we write from_driver
         from_worker, to_driver = os.pipe()
+        for fd in (from_driver, to_driver):
+            _widen(fd)
         config = dict(config, parent=os.getpid(), status=status_path, capture=self.capture_path)
         config.update({"in": to_worker, "out": to_driver})
         env = dict(os.environ)
@@ -212,10 +227,12 @@ def read_status(status) -> tuple[int, float, list[float], list[int]]:
     return values[0], values[1], list(values[2:2 + MAX_RANKS]), list(values[2 + MAX_RANKS:])
 
 
-def wait_results(workers: list[WorkerProcess], timeout: float, grace: float):
+def wait_results(workers: list[WorkerProcess], timeout: float, grace: float, watch: bool = False):
     """One message per worker, or why none came: {index: ("result", header, blobs) |
     ("died", reason) | ("hung", rank) | ("late", None)}. A worker whose rank runs longer than
-    `timeout` is hung; after a death or a hang the others get `grace` seconds to report."""
+    `timeout` is hung; after a death or a hang the others get `grace` seconds to report.
+    `watch`: a worker that has reported but runs on (a later case) is watched too: hung there,
+    it is ("ahead", rank)."""
     import select
     outcome: dict[int, tuple] = {}
     pending = dict(enumerate(workers))
@@ -252,6 +269,11 @@ def wait_results(workers: list[WorkerProcess], timeout: float, grace: float):
             if rank is not None:
                 outcome[index] = ("hung", rank)
                 del pending[index]
+                hard_deadline = min(hard_deadline or now + grace, now + grace)
+        for index, worker in enumerate(workers) if watch else ():
+            rank = None if index in pending or outcome[index][0] != "result" else worker.overtime(timeout)
+            if rank is not None:
+                outcome[index] = ("ahead", rank)
                 hard_deadline = min(hard_deadline or now + grace, now + grace)
     for index in pending:
         outcome[index] = ("late", None)

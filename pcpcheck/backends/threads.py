@@ -1,23 +1,23 @@
 """`--backend threads`: one worker process hosts the P ranks of a case as greenlets.
 
-Fast (one round trip per case) and isolated: the target lives in the worker, one module instance
-per rank. A rank that runs longer than `timeout` (its own running time, not its peers'), or a
-worker that dies, costs the worker: it is killed with its session, the case gets a verdict, and
-a fresh worker (targets reloaded) serves the next case.
+Fast (several cases per round trip, base.BatchedBackend) and isolated: the target lives in the
+worker, one module instance per rank. A rank that runs longer than `timeout` (its own running
+time, not its peers'), or a worker that dies, costs the worker: it is killed with its session,
+the case gets a verdict (the cases before it in its batch keep theirs), and a fresh worker
+(targets reloaded) runs the cases after it again.
 """
 
 from __future__ import annotations
 
-from collections import deque
-
 from pcpcheck.backends import base, pool
-from pcpcheck.backends.base import GRACE, LOAD_TIMEOUT, STARTUP_TIMEOUT, Backend, RankResult, TargetInfo
+from pcpcheck.backends.base import GRACE, LOAD_TIMEOUT, STARTUP_TIMEOUT, BatchedBackend, RankResult
+from pcpcheck.backends.base import TargetInfo
 from pcpcheck.backends.worker import MAX_RANKS
 from pcpcheck.loader import LoadError
 from pcpcheck.runner import NOT_STARTED, WAITING
 
 
-class ThreadsBackend(Backend):
+class ThreadsBackend(BatchedBackend):
     name = "threads"
 
     def __init__(self, timeout: float = 10.0, device: str = "cpu", load_timeout: float | None = None):
@@ -69,34 +69,23 @@ class ThreadsBackend(Backend):
             self._retire()  # a target that failed to load may have left anything behind
             raise
 
-    def run(self, prepared, target: TargetInfo) -> list[RankResult]:
-        return next(self.run_many([prepared], target))
+    def _channel(self, prepared) -> int:
+        return 0  # one worker hosts every world size
 
-    def run_many(self, prepareds, target: TargetInfo, depth: int = 2):
-        in_flight: deque = deque()
-        cases = iter(prepareds)
-        while True:
-            while len(in_flight) < depth:
-                prepared = next(cases, None)
-                if prepared is None:
-                    break
-                self._send(prepared, target)
-                in_flight.append(prepared)
-            if not in_flight:
-                return
-            prepared = in_flight.popleft()
-            outcome = pool.wait_results([self._worker], self.timeout, GRACE)[0]
-            if outcome[0] == "result":
-                yield [base.decode_rank(result, outcome[2]) for result in outcome[1]["ranks"]]
-                continue
-            yield self._lost(self._worker, outcome, prepared.size)
-            for later in in_flight:  # lost with the worker: again, on a fresh one
-                self._send(later, target)
-
-    def _send(self, prepared, target: TargetInfo) -> None:
+    def _send(self, key, prepareds, target: TargetInfo) -> None:
         worker = self._start()
-        header, blobs = base.case_message(prepared, target, range(prepared.size))
+        header, blobs = base.batch_message(prepareds, target)
         worker.send(header, blobs)  # a dead worker shows as such when its result is awaited
+
+    def _receive(self, key, size: int, careful: bool):
+        """The next case's results, or its verdict if the worker hung or died in it (the worker
+        runs the cases of a batch in order: the one not reported is the one that ran)."""
+        worker = self._worker
+        outcome = pool.wait_results([worker], self.timeout, GRACE)[0]
+        if outcome[0] == "result":
+            self._received(key)
+            return "result", [base.decode_rank(result, outcome[2]) for result in outcome[1]["ranks"]]
+        return "lost", self._lost(worker, outcome, size)
 
     def _lost(self, worker, outcome, size: int) -> list[RankResult]:
         """The worker hung or died mid-case: every rank gets a reason, blame on the running one."""
@@ -126,6 +115,7 @@ class ThreadsBackend(Backend):
         return results
 
     def _retire(self) -> None:
+        self._owed.pop(0, None)  # what the worker owed is lost with it
         if self._worker is not None:
             self._worker.kill()
             self.retired_pids.append(self._worker.pid)

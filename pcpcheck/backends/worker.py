@@ -28,11 +28,14 @@ import time
 import torch
 
 from pcpcheck.backends import wire
+from pcpcheck.backends.process_group import finish
 from pcpcheck.runner import FINISHED, RUNNING, WAITING, CollectiveAborted, RankOutcome, ThreadRunner
 
 MAX_OUTPUT = 4000  # bytes of a rank's printing kept per case
 MAX_RANKS = 8
 STATUS = struct.Struct(f"<qd{MAX_RANKS}d{MAX_RANKS}b")  # running rank, since, seconds/rank, states
+MAX_BATCH = 32  # cases per message at most
+MAX_AHEAD = 2 * MAX_BATCH  # cases a peer may run while a rank waits in a header round (2 batches)
 
 
 class Status:
@@ -172,6 +175,8 @@ class Worker:
         self.targets: dict[tuple, list] = {}
         self.threads = ThreadRunner()
         self.adapter = None
+        self.count = 0  # cases begun: on a process group, every rank numbers them alike
+        self.poisoned = False  # the process group failed: every later collective aborts
 
     # --- loading ----------------------------------------------------------------------------
     def load(self, header: dict) -> None:
@@ -221,8 +226,30 @@ class Worker:
                         "caps": asdict(release.caps)}})
 
     # --- cases ------------------------------------------------------------------------------
+    def cases(self, header: dict, blobs: list):
+        """A batch: its cases one after another, a result message as each one ends. On a process
+        group, ranks do not wait for each other between the cases of a batch (the headers of
+        CheckedGroup carry the case number), only before this worker goes idle (`finish`: a
+        peer may be waiting in a collective this rank skipped); with the next batch already
+        here, its cases' header rounds release such a peer instead. The next message, if any
+        came: it is served next."""
+        offset = 0
+        for case, count in zip(header["cases"], header["counts"]):
+            self.case(case, blobs[offset:offset + count])
+            offset += count
+        if self.adapter is None or self.poisoned:
+            return None
+        try:
+            following = self.reader.recv(time.monotonic())  # only what is here already
+        except wire.ChannelClosed:
+            following = None
+        if following is None or following[0].get("op") != "cases":
+            self.poisoned = finish(self.adapter, self.device, self.count)
+        return following
+
     def case(self, header: dict, blobs: list) -> None:
         targets = self.targets[(header["source"], header["function"])]
+        self.count += 1
         self.capture.reset()
         self.status.begin()
         if "step" in header:
@@ -297,7 +324,8 @@ class Worker:
         def on_wait(waiting: bool) -> None:
             self.status.switch(rank, WAITING if waiting else RUNNING)
 
-        group = CheckedGroup(self.adapter, self.device, outcome.trace, on_wait)
+        group = CheckedGroup(self.adapter, self.device, outcome.trace, on_wait, self.count,
+                             self.poisoned)
         self.status.switch(rank, RUNNING)
         try:
             outcome.value = target.call(inputs[0], inputs[1], inputs[2], header["shard"], group=group)
@@ -305,9 +333,8 @@ class Worker:
             pass  # recorded in the trace
         except BaseException as exc:  # noqa: BLE001 - a target may raise anything, even SystemExit
             outcome.record_error(exc)
-        self.status.switch(rank, WAITING)
-        group.finish()
         self.status.switch(rank, FINISHED)
+        self.poisoned = group.poisoned
         end = self.capture.mark()
         out_blobs: list = []
         result = encode_rank(rank, outcome, inputs, self.capture.text([(0, end)]), out_blobs)
@@ -333,7 +360,8 @@ class Worker:
             dist.init_process_group(backend, timeout=startup, **kwargs)
         try:
             from torch.distributed.distributed_c10d import _set_pg_timeout
-            _set_pg_timeout(datetime.timedelta(seconds=config["timeout"]))
+            # A rank may wait in a header round while a peer runs cases (each within timeout).
+            _set_pg_timeout(datetime.timedelta(seconds=config["timeout"] * (MAX_AHEAD + 1)))
         except Exception:  # noqa: BLE001 - older torch: the startup timeout stays
             pass
         self.adapter = GroupAdapter(dist.group.WORLD, backend)
@@ -342,15 +370,19 @@ class Worker:
         if self.config["mode"] != "threads":
             self.join_group()
         wire.send(self.out, {"op": "ready", "pid": os.getpid()})
+        following = None
         while True:
             try:
-                header, blobs = self.reader.recv()
+                header, blobs = following or self.reader.recv()
             except wire.ChannelClosed:
                 break
+            following = None
             if header["op"] == "load":
                 self.load(header)
-            elif header["op"] == "case":
-                self.case(header, blobs)
+            elif header["op"] == "cases":
+                following = self.cases(header, blobs)
+            elif header["op"] == "case":  # torchrun: one case a message
+                following = self.cases({"cases": [header], "counts": [len(blobs)]}, blobs)
             else:
                 break
         os._exit(0)  # no interpreter teardown: a target's atexit handlers and threads do not run
