@@ -299,12 +299,12 @@ def test_reproducer_names_the_target_relative_and_can_be_pointed_elsewhere(tmp_p
 def test_diff_writes_json_and_honours_the_seed(tmp_path):
     out = tmp_path / "diff.json"
     bug = str(ZOO / "bug01_local_block.py")
-    assert cli.main(["diff", "impl", bug, "--regime", REPLICATED, "--max-examples", "200",
+    assert cli.main(["diff", "impl", bug, "--regime", REPLICATED, "--max-examples", "50",
                      "--seed", "2", "--json", str(out)]) == 1
     document = json.loads(out.read_text())
     assert conforms(document, _schema("pcpcheck diff result")) == []
     assert document["verdict"] == "different" and document["options"]["seed"] == 2
-    runs = {seed: diff("impl", bug, regimes=(REPLICATED,), max_examples=200, seed=seed).regimes[0]
+    runs = {seed: diff("impl", bug, regimes=(REPLICATED,), max_examples=50, seed=seed).regimes[0]
             for seed in (1, 2)}
     assert document["regimes"][0]["cases"] == runs[2].cases
     assert runs[1] != runs[2]  # another seed draws other cases
