@@ -3,9 +3,10 @@ behaviour deserves, on threads and on gloo, through the command line (issue 8).
 
 Each target runs once per backend in its own `pcpcheck` process and session, with its own TMPDIR;
 the runs the selected tests read go three at a time, a backend's all started when its first test
-needs one (under pytest-xdist each backend's tests are a group, run by one worker). Every run is checked for the exact exit code, the first counterexample's invariant and
-ranks in `--json`, a clean stderr, no process of its session left, no child a target recorded
-left, and an empty TMPDIR. A correct target that cheats gets the verdict of what it does.
+needs one (under pytest-xdist each backend's tests are a group, run by one worker). Every run is
+checked for the exact exit code, the first counterexample's invariant and ranks in `--json`, a
+clean stderr, no process of its session left, no child a target recorded left, and an empty
+TMPDIR. A correct target that cheats gets the verdict of what it does.
 """
 
 from __future__ import annotations
