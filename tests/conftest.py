@@ -25,6 +25,25 @@ def runner():
     return ThreadRunner()
 
 
+@pytest.fixture(scope="session")
+def threads_backend():
+    """One threads backend for the session's well-behaved targets: each backend a check starts
+    costs a worker process importing torch (about 1.5 s), more than most checks themselves."""
+    from pcpcheck.backends import make_backend
+
+    with make_backend("threads") as backend:
+        yield backend
+
+
+@pytest.fixture
+def pcpcheck_check(threads_backend):
+    """`pcpcheck check ARGV` as the command line runs it, on the session's threads backend;
+    returns the exit code (a usage or load error raises: main() turns those into exit 2)."""
+    from pcpcheck import cli
+
+    return lambda argv: cli.run_check(cli.parse(["check", *map(str, argv)]), threads_backend)
+
+
 @pytest.fixture
 def spawn_gloo():
     """Run `worker(rank, port, *args)` on `nprocs` spawned processes that meet on a free loopback

@@ -33,8 +33,9 @@ UPSTREAM = ZOO / "upstream.py"  # fails draft-mixed with REPLICA, holds elsewher
 
 
 @pytest.fixture(scope="module")
-def upstream_result():
-    return pcpcheck.check(UPSTREAM, regimes=(SHARDED, DRAFT_MIXED), max_examples=100)
+def upstream_result(threads_backend):
+    return pcpcheck.check(UPSTREAM, regimes=(SHARDED, DRAFT_MIXED), max_examples=100,
+                          runner=threads_backend)
 
 
 # --- the result ---------------------------------------------------------------------------------
@@ -135,10 +136,10 @@ def test_bad_options_raise_usage_errors_naming_them():
 
 # --- JUnit, version -------------------------------------------------------------------------
 
-def test_junit_has_a_case_per_regime_and_invariant(tmp_path):
+def test_junit_has_a_case_per_regime_and_invariant(tmp_path, pcpcheck_check):
     junit = tmp_path / "out.xml"
-    assert cli.main(["check", str(UPSTREAM), "--regime", DRAFT_MIXED, "--max-examples", "60",
-                     "--junit", str(junit)]) == 1
+    assert pcpcheck_check([UPSTREAM, "--regime", DRAFT_MIXED, "--max-examples", "60",
+                           "--junit", junit]) == 1
     suite = ET.parse(junit).getroot()
     states = {case.get("name"): [child.tag for child in case] for case in suite.iter("testcase")}
     assert set(states) == set(IDS)
@@ -158,19 +159,21 @@ def test_version(capsys):
 
 # --- baseline -------------------------------------------------------------------------------
 
-def test_baseline_accepts_known_violations_and_reports_the_ones_gone(tmp_path, capsys):
+def test_baseline_accepts_known_violations_and_reports_the_ones_gone(tmp_path, threads_backend,
+                                                                     pcpcheck_check, capsys):
     baseline = tmp_path / "known.txt"
     baseline.write_text(f"# upstream keeps T[:nd]\n{DRAFT_MIXED} {REPLICA}  # bug class 10\n"
                         f"\n{SHARDED} {REPLICA}\n")
-    code = cli.main(["check", str(UPSTREAM), "--regime", SHARDED, "--regime", DRAFT_MIXED,
-                     "--max-examples", "100", "--baseline", str(baseline)])
+    code = pcpcheck_check([UPSTREAM, "--regime", SHARDED, "--regime", DRAFT_MIXED,
+                           "--max-examples", "100", "--baseline", baseline])
     out = capsys.readouterr().out
     assert code == 0
     assert "Counterexample 1 (known: in the baseline): REPLICA violated" in out
     assert f"no longer found, remove from {baseline}: {SHARDED} {REPLICA}" in out
     # the same baseline does not hide a new violation
     baseline.write_text(f"{SHARDED} {REPLICA}\n")
-    result = pcpcheck.check(UPSTREAM, regimes=(DRAFT_MIXED,), max_examples=100, baseline=baseline)
+    result = pcpcheck.check(UPSTREAM, regimes=(DRAFT_MIXED,), max_examples=100, baseline=baseline,
+                            runner=threads_backend)
     assert not result.holds and result.exit_code == 1
     assert result.baseline.fixed == ()  # sharded was not checked: nothing to say about it
 
@@ -230,26 +233,28 @@ def gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_
 """
 
 
-def test_budget_line_of_the_report_gives_the_cases_per_regime(capsys):
-    assert cli.main(["check", "--regime", SHARDED, "--regime", REPLICATED,
-                     "--max-examples", "1000000", "--budget", "1"]) == 0
+def test_budget_line_of_the_report_gives_the_cases_per_regime(pcpcheck_check, capsys):
+    assert pcpcheck_check(["--regime", SHARDED, "--regime", REPLICATED,
+                           "--max-examples", "1000000", "--budget", "1"]) == 0
     out = capsys.readouterr().out
     assert re.search(rf"budget of 1 s reached; cases per regime: {SHARDED} \d+, {REPLICATED} \d+", out)
     assert out.count("(budget reached)") == 2
 
 
-def test_budget_keeps_the_violations_found_before_it_ran_out(tmp_path):
+def test_budget_keeps_the_violations_found_before_it_ran_out(tmp_path, threads_backend):
     target = tmp_path / "slow.py"
     target.write_text(SLOW_AND_WRONG)
-    result = pcpcheck.check(target, regimes=(REPLICATED,), max_examples=10**6, budget_s=2)
+    result = pcpcheck.check(target, regimes=(REPLICATED,), max_examples=10**6, budget_s=2,
+                            runner=threads_backend)
     assert result.regimes[0].budget_reached
     assert [c.invariant for c in result.counterexamples] == [REPLICA]
 
 
-def test_progress_is_live_on_a_terminal_and_silent_otherwise():
+def test_progress_is_live_on_a_terminal_and_silent_otherwise(threads_backend):
     live, piped = io.StringIO(), io.StringIO()
-    pcpcheck.check("impl", regimes=(REPLICATED,), max_examples=20, progress=LinePrinter(live, live=True))
-    pcpcheck.check("impl", regimes=(REPLICATED,), max_examples=20, progress=LinePrinter(piped))
+    for printer in (LinePrinter(live, live=True), LinePrinter(piped)):
+        pcpcheck.check("impl", regimes=(REPLICATED,), max_examples=20, progress=printer,
+                       runner=threads_backend)
     assert re.search(r"\r\x1b\[K  replicated +\d+ cases +\d+ cases/s  0 violation", live.getvalue())
     assert "\r" not in piped.getvalue() and "replicated" in piped.getvalue()
 
@@ -267,13 +272,14 @@ def test_unusable_output_path_is_refused_before_the_run(option, tmp_path, capsys
     assert time.monotonic() - started < 5
 
 
-def test_a_write_that_fails_after_the_run_leaves_the_verdict(tmp_path, monkeypatch, capsys):
+def test_a_write_that_fails_after_the_run_leaves_the_verdict(tmp_path, monkeypatch, pcpcheck_check,
+                                                             capsys):
     def refuse(path, text):
         raise PermissionError(13, "Permission denied", path)
 
     monkeypatch.setattr(cli, "_write_text", refuse)
-    code = cli.main(["check", str(UPSTREAM), "--regime", DRAFT_MIXED, "--max-examples", "60",
-                     "--json", str(tmp_path / "out.json")])
+    code = pcpcheck_check([UPSTREAM, "--regime", DRAFT_MIXED, "--max-examples", "60",
+                           "--json", tmp_path / "out.json"])
     err = capsys.readouterr().err
     assert code == 1
     assert "cannot write" in err and "the verdict above stands (exit 1)" in err
@@ -293,11 +299,12 @@ def test_no_hypothesis_directory_where_pcpcheck_runs(tmp_path):
 
 # --- reproducers ----------------------------------------------------------------------------
 
-def test_reproducer_names_the_target_relative_and_can_be_pointed_elsewhere(tmp_path, monkeypatch):
+def test_reproducer_names_the_target_relative_and_can_be_pointed_elsewhere(tmp_path, monkeypatch,
+                                                                          pcpcheck_check):
     monkeypatch.chdir(ROOT)
     target = "tests/zoo/bug04_truncated_slots.py"
-    assert cli.main(["check", target, "--regime", SHARDED, "--max-examples", "100",
-                     "--repro-dir", str(tmp_path)]) == 1
+    assert pcpcheck_check([target, "--regime", SHARDED, "--max-examples", "100",
+                           "--repro-dir", tmp_path]) == 1
     [reproducer] = tmp_path.glob("test_repro_*.py")
     assert f"or {target!r}" in reproducer.read_text()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -318,12 +325,12 @@ def test_reproducer_names_the_target_relative_and_can_be_pointed_elsewhere(tmp_p
 def test_diff_writes_json_and_honours_the_seed(tmp_path):
     out = tmp_path / "diff.json"
     bug = str(ZOO / "bug01_local_block.py")
-    assert cli.main(["diff", "impl", bug, "--regime", REPLICATED, "--max-examples", "200",
+    assert cli.main(["diff", "impl", bug, "--regime", REPLICATED, "--max-examples", "50",
                      "--seed", "2", "--json", str(out)]) == 1
     document = json.loads(out.read_text())
     assert conforms(document, _schema("pcpcheck diff result")) == []
     assert document["verdict"] == "different" and document["options"]["seed"] == 2
-    runs = {seed: diff("impl", bug, regimes=(REPLICATED,), max_examples=200, seed=seed).regimes[0]
+    runs = {seed: diff("impl", bug, regimes=(REPLICATED,), max_examples=50, seed=seed).regimes[0]
             for seed in (1, 2)}
     assert document["regimes"][0]["cases"] == runs[2].cases
     assert runs[1] != runs[2]  # another seed draws other cases

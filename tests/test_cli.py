@@ -69,8 +69,8 @@ CASE = ('{"batch":{"regime":"sharded","pcp_size":2,"requests":[{"num_tokens":2,'
         '"tensors":[{"trailing":[4],"dtype":"bfloat16"}]}')
 
 
-def test_replay_of_a_holding_case_exits_0(capsys):
-    assert main(["check", "impl", "--replay", CASE]) == 0
+def test_replay_of_a_holding_case_exits_0(pcpcheck_check, capsys):
+    assert pcpcheck_check(["impl", "--replay", CASE]) == 0
     assert "replayed case holds" in capsys.readouterr().out
 
 
@@ -128,10 +128,10 @@ def test_replay_that_is_not_a_case_object(text, capsys):
     assert "--replay is not a well-formed case" in _one_line_error(capsys)
 
 
-def test_replay_writes_the_json_verdict(tmp_path, capsys):
+def test_replay_writes_the_json_verdict(tmp_path, pcpcheck_check):
     path = tmp_path / "verdict.json"
-    bug = str(Path(__file__).parent / "zoo" / "bug04_truncated_slots.py")
-    code = main(["check", bug, "--replay", CASE, "--json", str(path)])
+    bug = Path(__file__).parent / "zoo" / "bug04_truncated_slots.py"
+    code = pcpcheck_check([bug, "--replay", CASE, "--json", path])
     verdict = json.loads(path.read_text())
     assert (code, verdict["verdict"]) == (1, "violated")
     assert verdict["counterexamples"][0]["case"] == json.loads(CASE)

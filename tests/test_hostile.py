@@ -2,10 +2,11 @@
 behaviour deserves, on threads and on gloo, through the command line (issue 8).
 
 Each target runs once per backend in its own `pcpcheck` process and session, with its own TMPDIR;
-the runs the selected tests read go three at a time, all started before the first test (the
-whole file: about a minute on 2 cores). Every run is checked for the exact exit code, the first counterexample's invariant and
-ranks in `--json`, a clean stderr, no process of its session left, no child a target recorded
-left, and an empty TMPDIR. A correct target that cheats gets the verdict of what it does.
+the runs the selected tests read go three at a time, a backend's all started when its first test
+needs one (under pytest-xdist each backend's tests are a group, run by one worker). Every run is
+checked for the exact exit code, the first counterexample's invariant and ranks in `--json`, a
+clean stderr, no process of its session left, no child a target recorded left, and an empty
+TMPDIR. A correct target that cheats gets the verdict of what it does.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ CASE_P8 = CASE_P2.replace('"pcp_size": 2', '"pcp_size": 8').replace(
     '"num_tokens": 2, "prefilling": true, "context_len": 0, "blocks": [0, 1]',
     '"num_tokens": 8, "prefilling": true, "context_len": 0, "blocks": [0, 1, 2, 3, 4, 5, 6, 7]')
 BACKENDS = {"threads": [], "gloo": ["--backend", "gloo", "--world-sizes", "2"]}
+# a test reading a backend's runs goes to that backend's xdist group: one worker starts them
+ON_BACKEND = [pytest.param(name, marks=pytest.mark.xdist_group(f"hostile-{name}")) for name in BACKENDS]
 HOLDS = None  # expected invariant of a target that deserves "every invariant holds"
 ANY_RANKS = None
 
@@ -236,13 +239,22 @@ def _keys(item) -> list[tuple]:
 
 @pytest.fixture(scope="module")
 def runs(request):
-    """key -> Run: every run the selected tests of this file read, three at a time, started
-    before the first test needs one."""
-    keys = dict.fromkeys(k for item in request.session.items
-                         if item.module.__name__ == __name__ for k in _keys(item))
+    """key -> Run: the runs the selected tests of this file read, three at a time; the first
+    test that needs a run of a backend starts every run of that backend (a key ends with it)."""
+    by_backend: dict[str, dict] = {}
+    for item in request.session.items:
+        if item.module.__name__ == __name__:
+            for key in _keys(item):
+                by_backend.setdefault(key[-1], {})[key] = None
     with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {key: pool.submit(_start, key) for key in keys}
-        yield lambda key: futures[key].result()
+        futures = {}
+
+        def run(key):
+            if key not in futures:
+                futures.update({k: pool.submit(_start, k) for k in by_backend[key[-1]]})
+            return futures[key].result()
+
+        yield run
         for future in futures.values():
             future.cancel()
 
@@ -290,14 +302,14 @@ def problems(run: Run, expect: Expect | None = None) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ON_BACKEND)
 @pytest.mark.parametrize("target", EXPECTED)
 def test_hostile_target_gets_its_verdict(target, backend, runs):
     run = runs((target, backend))
     assert not problems(run, EXPECTED[target]), run.describe()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ON_BACKEND)
 def test_flaky_target_is_named_flaky(backend, runs):
     first = runs(("flaky_rank0.py", backend)).first
     assert first["flaky"]["replays"] == 5
@@ -305,21 +317,22 @@ def test_flaky_target_is_named_flaky(backend, runs):
     assert "FLAKY" in first["report"].splitlines()[0]
 
 
-def test_deterministic_violation_is_not_flaky():
-    run = run_pcpcheck([str(ROOT / "tests" / "zoo" / "bug04_truncated_slots.py"),
-                        "--regime", "sharded", "--max-examples", "20"])
-    assert (run.code, run.first["invariant"], run.first["flaky"]) == (1, REPLICA, None)
-    assert "FLAKY" not in run.stdout
+def test_deterministic_violation_is_not_flaky(pcpcheck_check, tmp_path, capsys):
+    code = pcpcheck_check([ROOT / "tests" / "zoo" / "bug04_truncated_slots.py", "--regime", "sharded",
+                           "--max-examples", "20", "--json", tmp_path / "verdict.json"])
+    first = json.loads((tmp_path / "verdict.json").read_text())["counterexamples"][0]
+    assert (code, first["invariant"], first["flaky"]) == (1, REPLICA, None)
+    assert "FLAKY" not in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ON_BACKEND)
 def test_forked_child_is_gone(backend, runs):
     run = runs(("forked_child.py", backend))
     assert any(name.startswith("child-") for name in run.hostile_files), "the target never forked"
     assert not run.left_running, run.left_running
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ON_BACKEND)
 def test_output_is_captured_and_shown_truncated(backend, runs):
     flood = runs(("floods_output.py", backend))
     assert "flood xxx" in flood.first["report"]  # shown with the counterexample...
@@ -328,7 +341,7 @@ def test_output_is_captured_and_shown_truncated(backend, runs):
     assert "DEBUG rank" not in noisy.stdout and "WARNING: noisy" not in noisy.stderr
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ON_BACKEND)
 @pytest.mark.parametrize("target", INTERRUPTED)
 def test_ctrl_c_stops_pcpcheck_at_once(target, backend, runs):
     run = runs(("interrupt", target, backend))

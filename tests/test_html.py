@@ -82,8 +82,9 @@ def decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
 
 
 @pytest.fixture(scope="module")
-def pages(tmp_path_factory) -> Path:
-    result = check(ZOO / "bug04_truncated_slots.py", regimes=(SHARDED,), max_examples=150)
+def pages(tmp_path_factory, threads_backend) -> Path:
+    result = check(ZOO / "bug04_truncated_slots.py", regimes=(SHARDED,), max_examples=150,
+                   runner=threads_backend)
     assert [c.invariant for c in result.counterexamples] == [REPLICA]
     directory = tmp_path_factory.mktemp("html")
     write_html(str(directory), result)

@@ -52,6 +52,10 @@ def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard
 """
 
 
+# the tests using the module's backends (the gloo one starts a process pool) run in one xdist worker
+SHARED_BACKENDS = pytest.mark.xdist_group("procs-backends")
+
+
 def _target(tmp_path, name: str, before: str = "pass", returned: str = "rows, slot_mapping",
             top: str = "") -> str:
     """A vLLM-style target file: a correct sharded gather with `before` run first on each call."""
@@ -91,6 +95,7 @@ def _first_invariants(target, backend, regimes, examples=15):
             for regime in regimes}
 
 
+@SHARED_BACKENDS
 def test_bundled_impl_holds_on_both_backends(threads, gloo):
     for backend in (threads, gloo):
         target = backend.load("impl")
@@ -101,6 +106,7 @@ def test_bundled_impl_holds_on_both_backends(threads, gloo):
         assert backend.pids == before  # a holding target never breaks a worker
 
 
+@SHARED_BACKENDS
 def test_zoo_bug_same_invariant_on_both_backends(threads, gloo):
     regimes = ("sharded", "dcp")
     on_gloo = _first_invariants(gloo.load(str(ZOO_BUG)), gloo, regimes, 30)
@@ -109,6 +115,7 @@ def test_zoo_bug_same_invariant_on_both_backends(threads, gloo):
     assert on_gloo["sharded"][:1] == [REPLICA]  # as tests/test_zoo.py expects
 
 
+@SHARED_BACKENDS
 def test_the_driver_never_imports_the_target(threads, tmp_path):
     # At import, the target makes every predicate hold and marks the process it runs in.
     path = _target(tmp_path, "forger", top="""
@@ -125,6 +132,7 @@ def test_the_driver_never_imports_the_target(threads, tmp_path):
     assert not [name for name in sys.modules if "forger" in name]
 
 
+@SHARED_BACKENDS
 @pytest.mark.parametrize("backend_name", ["threads", "gloo"])
 def test_each_rank_has_its_own_module_instance(backend_name, threads, gloo, tmp_path):
     # Rows exchanged through a module global instead of a collective: works only if the ranks
@@ -144,6 +152,7 @@ def test_each_rank_has_its_own_module_instance(backend_name, threads, gloo, tmp_
     assert REPLICA in [v.invariant for v in observation.violations]  # rows never exchanged
 
 
+@SHARED_BACKENDS
 def test_a_lying_tensor_subclass_does_not_fool_the_verdict(threads, tmp_path):
     path = _target(tmp_path, "liar", top="""
         import torch
@@ -281,6 +290,7 @@ def test_a_rank_failing_mid_batch_costs_only_its_case(backend_name, failure, mes
         backend.close()
 
 
+@SHARED_BACKENDS
 @pytest.mark.parametrize("backend_name", ["threads", "gloo"])
 def test_a_collective_skipped_mid_batch_fails_only_its_case(backend_name, threads, gloo, tmp_path):
     """Rank 1 returns without gathering in case 5 (the second of the batch of 4) and goes on to
@@ -316,6 +326,7 @@ def test_a_stream_abandoned_midway_leaves_the_workers_usable(backend_name, tmp_p
         backend.close()
 
 
+@SHARED_BACKENDS
 def test_exit_zero_in_a_call_is_a_verdict_and_at_import_a_load_error(threads, tmp_path):
     path = _target(tmp_path, "exits", before="if group.rank_in_group == 1: __import__('os')._exit(0)")
     observation = run_case(CASE, threads.load(path), threads)
@@ -335,6 +346,7 @@ def test_a_hang_at_import_is_a_bounded_load_error(tmp_path):
         assert time.monotonic() - started < 10
 
 
+@SHARED_BACKENDS
 @pytest.mark.parametrize("backend_name", ["threads", "gloo"])
 def test_output_is_captured_per_rank_at_the_fd_level(backend_name, threads, gloo, tmp_path, capfd):
     path = _target(tmp_path, "noisy_fd", before=(

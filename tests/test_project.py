@@ -9,7 +9,6 @@ import re
 import sys
 from pathlib import Path
 
-from pcpcheck.cli import main
 from spec.names import DEFAULT_REGIMES, PRECONDITIONS, REGIMES
 from spec.registry import GATHER_IDS, IDS, REGISTRY, applicable
 
@@ -30,9 +29,10 @@ def test_registry_regimes_are_those_spec_md_states():
         assert entry.regimes == regimes, entry.id
 
 
-def test_main_job_reports_every_invariant_with_cases_in_every_regime_it_applies_to(tmp_path, capsys):
+def test_main_job_reports_every_invariant_with_cases_in_every_regime_it_applies_to(tmp_path, pcpcheck_check,
+                                                                                  capsys):
     verdict = tmp_path / "verdict.json"
-    assert main(["--max-examples", "25", "--json", str(verdict)]) == 0
+    assert pcpcheck_check(["--max-examples", "25", "--json", verdict]) == 0
     printed = capsys.readouterr().out
     regimes = json.loads(verdict.read_text())["regimes"]
     assert list(regimes) == list(DEFAULT_REGIMES)
