@@ -2,8 +2,9 @@
 
 A case is plain data, serialisable to JSON, so that a counterexample replays without hypothesis
 (`pcpcheck check TARGET --replay CASE_JSON`) and can be shipped to other processes.
-Row content is a function of (tensor index, row label): the first four bytes hold the label, the
-rest are a hash of it, so any output row can be traced back to its input row bit for bit.
+Row content is a function of (tensor index, row label): the first four bytes hold the label
+(XOR LABEL_KEY), the rest are a hash of it, so any output row can be traced back to its input row
+bit for bit.
 """
 
 from __future__ import annotations
@@ -176,11 +177,17 @@ def validate_case(case: Case) -> None:
         raise ValueError(str(exc)) from None
 
 
+# Stored in a row's first four bytes XORed with the label: a zero-filled row (what padding often
+# is) then claims label LABEL_KEY, never a real one. Stored plainly, a zero row of 4 bytes (an
+# int8 or fp8 row of 4) was token 0's row, bit for bit: a padding bug passed for token 0.
+LABEL_KEY = 0x2B7E1516
+
+
 def row_content(labels: np.ndarray, tensor_index: int, row_bytes: int) -> np.ndarray:
     """Bytes of the rows with these labels in tensor `tensor_index`: (n, row_bytes) uint8."""
     labels = np.asarray(labels, dtype=np.int64)
     out = np.empty((labels.size, row_bytes), dtype=np.uint8)
-    out[:, :4] = labels.astype("<i4").view(np.uint8).reshape(-1, 4)
+    out[:, :4] = (labels.astype("<i4") ^ np.int32(LABEL_KEY)).view(np.uint8).reshape(-1, 4)
     if row_bytes > 4:
         position = np.arange(4, row_bytes, dtype=np.uint64)
         mixed = (labels.astype(np.uint64)[:, None] * np.uint64(0x9E3779B1)

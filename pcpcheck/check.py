@@ -14,7 +14,7 @@ import torch
 
 import reference
 import spec.invariants as inv
-from pcpcheck.cases import Case, as_bytes, as_tensor, row_content
+from pcpcheck.cases import LABEL_KEY, Case, as_bytes, as_tensor, row_content
 from spec import model
 from spec.names import NO_ROW, Batch
 from spec.registry import Step, evaluate
@@ -195,7 +195,7 @@ def _labels_of(rows: np.ndarray, valid: np.ndarray, content: np.ndarray) -> list
     """decode_rows of rows already read as bytes (rows, row_bytes)."""
     if rows.shape[0] == 0 or valid.size == 0:
         return [NO_ROW] * rows.shape[0]
-    claimed = rows[:, :4].copy().view("<i4").reshape(-1).astype(np.int64)
+    claimed = (rows[:, :4].copy().view("<i4").reshape(-1) ^ np.int32(LABEL_KEY)).astype(np.int64)
     position = np.searchsorted(valid, claimed).clip(max=valid.size - 1)
     genuine = (valid[position] == claimed) & (content[position] == rows).all(axis=1)
     return np.where(genuine, claimed, NO_ROW).tolist()

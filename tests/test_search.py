@@ -7,15 +7,17 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.database import choices_to_bytes
 
 from pcpcheck.backends import make_backend
-from pcpcheck.cases import cases, describe, draw_case
-from pcpcheck.check import run_cases
+from pcpcheck.cases import TENSOR_SPECS, as_tensor, cases, describe, draw_case, row_content
+from pcpcheck.check import decode_rows, run_cases
 from pcpcheck.engine import _Stored, search
-from spec.names import REGIMES, REPLICA, SHARDED
+from spec.names import NO_ROW, REGIMES, REPLICA, SHARDED
 
 ZOO = Path(__file__).parent / "zoo"
 
@@ -76,3 +78,13 @@ def test_hypothesis_shrinks_what_the_generation_found(backend):
     size = lambda o: (o.prepared.case.batch.pcp_size, len(o.prepared.case.batch.requests),  # noqa: E731
                       sum(r.num_tokens for r in o.prepared.case.batch.requests))
     assert size(shrunk) < size(first), (describe(first.prepared.case), describe(shrunk.prepared.case))
+
+
+@pytest.mark.parametrize("spec", [s for s in TENSOR_SPECS if s.row_bytes == 4] + [TENSOR_SPECS[0]])
+def test_a_zero_filled_row_is_no_input_row(spec):
+    """Padding is often zeros: a zero row must never read as an input row (it did as token 0's
+    row in a 4-byte tensor, an int8 or fp8 row of 4, before labels were stored XOR a key)."""
+    labels = np.arange(-3, 8)  # padding rows' labels are negative, tokens' from 0
+    rows = torch.cat([as_tensor(row_content(labels, 0, spec.row_bytes), spec),
+                      torch.zeros((1, *spec.trailing), dtype=spec.torch_dtype)])
+    assert decode_rows(rows, 0, labels) == [*labels.tolist(), NO_ROW]
