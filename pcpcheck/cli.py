@@ -118,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
                             "cases each regime reached")
     check.add_argument("--jobs", type=_positive_int, metavar="N",
                        help="threads backend: regimes searched by N driver processes at once, "
-                            "each with its own worker (default: the number of cores); the "
+                            "each with its own worker (default: one per two cores); the "
                             "result does not depend on it")
     check.add_argument("--junit", metavar="FILE",
                        help="write a JUnit XML report: one test case per regime x invariant")

@@ -214,9 +214,10 @@ INTERRUPTED = ("ignores_sigint.py", "slow_correct.py")
 def _start(key):
     if key[0] == "interrupt":  # a long search, Ctrl-C once a call has run
         _, target, backend = key
-        # two regimes: on threads each is searched by its own driver process (--jobs)
+        # two regimes: on threads each is searched by its own driver process (--jobs 2)
+        jobs = ["--jobs", "2"] if backend == "threads" else []
         return run_pcpcheck([str(HOSTILE / target), "--regime", "sharded", "--regime",
-                             "replicated", "--max-examples", "1000", *BACKENDS[backend]],
+                             "replicated", "--max-examples", "1000", *jobs, *BACKENDS[backend]],
                             interrupt_after_call=True)
     target, backend = key
     return run_pcpcheck(_cli_args(target, backend))
