@@ -191,7 +191,7 @@ def rates(*results, wall: float = 0.0) -> str:
     together, when they ran at once (--jobs); else the sum of theirs."""
     cases = sum(r.cases for r in results)
     if wall:  # the regimes' own run+judge times overlapped: only the end-to-end rate is meaningful
-        return f"{cases:>6} cases in {wall:5.1f} s wall, start-up included: {cases / wall:5.0f} cases/s"
+        return f"{cases:>6} cases in {wall:5.1f} s wall, worker start included: {cases / wall:5.0f} cases/s"
     seconds = sum(r.seconds for r in results)
     checking = sum(r.check_seconds for r in results)
     return (f"{cases:>6} cases in {seconds:5.1f} s: {cases / seconds if seconds else 0:5.0f} cases/s, "
