@@ -49,8 +49,8 @@ def _peak_kib(pid: int) -> tuple[str, int] | None:
 
 
 def measure(cases: int, jobs: int, regimes: list[str]) -> dict:
-    command = [sys.executable, "-m", "pcpcheck", "check", "impl", "--max-examples", str(cases),
-               "--jobs", str(jobs)] + [f"--regime={r}" for r in regimes]
+    command = [sys.executable, "-m", "pcpcheck", "check", "impl", "--max-examples", str(cases)]
+    command += ([f"--jobs={jobs}"] if jobs else []) + [f"--regime={r}" for r in regimes]
     started = time.monotonic()
     run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peaks: dict[int, tuple[str, int]] = {}
@@ -74,12 +74,13 @@ def measure(cases: int, jobs: int, regimes: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="3000,30000", help="comma list of --max-examples")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--jobs", type=int, default=None, help="default: pcpcheck's")
     parser.add_argument("--regime", action="append", default=None)
     args = parser.parse_args()
     regimes = args.regime or []
-    print(f"pcpcheck check impl --jobs {args.jobs} {' '.join('--regime=' + r for r in regimes)}"
-          f" (default regimes if none); peak RSS (VmHWM) per process, MiB")
+    print(f"pcpcheck check impl {'--jobs=%d ' % args.jobs if args.jobs else ''}"
+          f"{' '.join('--regime=' + r for r in regimes) or '(default regimes)'}; peak RSS (VmHWM) "
+          "per process, MiB")
     for cases in map(int, args.cases.split(",")):
         figures = measure(cases, args.jobs, regimes)
         print(f"  {cases:>6} cases/regime: largest driver {figures['driver_mib']:6.1f}, largest "

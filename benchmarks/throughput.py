@@ -5,7 +5,7 @@
   one gets), and streamed (`check.run_cases`: the backend sends several cases per message and
   keeps two messages in flight, base.BatchedBackend); threads (one worker process hosting the
   P ranks) and, with --backends, gloo (one process per rank, real collectives);
-- end to end: `engine.search` on the bundled impl, hypothesis drawing included (threads).
+- end to end: `engine.search` on the bundled impl, drawing included (threads).
 Best of --repeat runs (the machine is shared); the load average is printed with every figure.
 """
 
@@ -13,29 +13,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import time
 
-from hypothesis import HealthCheck, given, settings
 
 from pcpcheck.backends import make_backend
-from pcpcheck.cases import cases
+from pcpcheck.cases import draw_case
 from pcpcheck.check import run_case, run_cases
 from pcpcheck.engine import search
 from spec.names import REGIMES
 
 
 def drawn_cases(max_ranks: int, count: int):
-    drawn = []
-
-    @settings(max_examples=count, database=None, derandomize=True, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(cases(max_ranks=max_ranks))
-    def collect(case):
-        if case.batch.pcp_size == max_ranks:
-            drawn.append(case)
-
-    collect()
-    return drawn
+    """The cases of size max_ranks among `count` drawn (every regime), seeded."""
+    rng = random.Random(0)
+    drawn = [draw_case(rng, REGIMES, max_ranks)[0] for _ in range(count)]
+    return [case for case in drawn if case.batch.pcp_size == max_ranks]
 
 
 def best_rate(run, count: int, repeat: int) -> float:
@@ -90,31 +83,6 @@ def run_and_judge(backend_name: str, sizes, count: int, repeat: int, max_batch: 
             print(f"    streamed:           {cpu_per_case(streaming, len(batch), backend.pids)}")
 
 
-def draw_then_stream(backend_name: str, sizes, count: int) -> None:
-    """Hypothesis draws `count` cases of a regime (P in `sizes`), timed; then they stream through
-    the backend, timed: what a search that streams its cases gets, drawing not overlapped."""
-    with make_backend(backend_name, timeout=10.0, world_sizes=sizes) as backend:
-        target = backend.load("impl")
-        for regime in ("sharded", "replicated"):
-            drawn = []
-
-            @settings(max_examples=count, database=None, derandomize=True, deadline=None,
-                      suppress_health_check=list(HealthCheck))
-            @given(cases(regimes=(regime,), max_ranks=max(sizes), pcp_sizes=sizes))
-            def collect(case):
-                drawn.append(case)
-
-            started = time.perf_counter()
-            collect()
-            drawn_at = time.perf_counter()
-            list(run_cases(drawn, target, backend))
-            done = time.perf_counter()
-            print(f"  {backend_name} P in {sizes} {regime}: {len(drawn)} cases, drawing "
-                  f"{1e3 * (drawn_at - started) / len(drawn):.2f} ms/case, streamed "
-                  f"{len(drawn) / (done - drawn_at):.0f} cases/s, draw then stream "
-                  f"{len(drawn) / (done - started):.0f} cases/s ({load()})")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
@@ -123,25 +91,18 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=1000, help="pre-drawn cases per P")
     parser.add_argument("--max-batch", type=int, default=None, help="cases per message at most")
     parser.add_argument("--no-search", action="store_true", help="skip the end-to-end figures")
-    parser.add_argument("--draw-then-stream", default=None, metavar="SIZES",
-                        help="also: draw 300 cases per regime with P in SIZES, then stream them "
-                             "(each backend of --backends)")
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
     for name in args.backends.split(","):
         run_and_judge(name, sizes if name == "threads" else [s for s in sizes if s <= 4],
                       args.cases, args.repeat, args.max_batch)
-    if args.draw_then_stream:
-        print("drawn by hypothesis, then streamed (bundled impl):")
-        for name in args.backends.split(","):
-            draw_then_stream(name, [int(size) for size in args.draw_then_stream.split(",")], 300)
     if args.no_search:
         return
     with make_backend("threads", timeout=10.0) as backend:
         target = backend.load("impl")
-        print(f"end to end (threads, hypothesis drawing included), P <= 4, 300 cases per regime ({load()}):")
+        print(f"end to end (threads, drawing included), P <= 4, 3000 cases per regime ({load()}):")
         for regime in REGIMES:
-            result = search(target, regime, backend, max_examples=300, max_ranks=4)
+            result = search(target, regime, backend, max_examples=3000, max_ranks=4)
             print(f"  {regime:<12} {result.cases / result.seconds:6.0f} cases/s end to end, "
                   f"{result.cases / result.check_seconds:6.0f} cases/s run+judge")
 
