@@ -107,33 +107,18 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
     through rank_step); reduce=False skips the greedy reductions (their cases are not in a
     release's order).
     """
-    result = RegimeResult(regime)
-    smallest: dict[str, Observation] = {}  # per first invariant, for a search the deadline ends
+    run = _Search(target, regime, runner, max_examples, max_ranks, pcp_sizes, deadline, on_case,
+                  transform, run_many)
+    result = run.result
     started = time.perf_counter()
-
-    def record(observation: Observation) -> str | None:
-        result.cases += 1
-        result.checked.update(observation.checked)
-        result.violated.update(v.invariant for v in observation.violations)
-        if on_case is not None:
-            on_case(result)
-        if not observation.violations:
-            return None
-        first = observation.violations[0].invariant
-        if first not in smallest or _size(observation) < _size(smallest[first]):
-            smallest[first] = observation
-        return first
-
-    found = _generate(regime, max_examples, max_ranks, pcp_sizes, transform, run_many, target,
-                      runner, record, deadline, random.Random(0 if derandomize else seed), result)
+    found = run.generate(random.Random(0 if derandomize else seed))
     if found is None:
         result.budget_reached = True
     elif found:
-        shrunk = _shrink(found, regime, max_examples, max_ranks, pcp_sizes, transform, run_many,
-                         target, runner, record, deadline, result)
+        shrunk = run.shrink(found)
         result.budget_reached = shrunk is None
-        smallest.update(shrunk or {})  # hypothesis' shrunk case stands where it has one
-    result.counterexamples = list(smallest.values())
+        run.smallest.update(shrunk or {})  # hypothesis' shrunk case stands where it has one
+    result.counterexamples = list(run.smallest.values())
     if reduce and not result.budget_reached:  # past the budget, the search's smallest cases stand
         result.counterexamples = [_reduced(o, runner, target) for o in result.counterexamples]
     result.counterexamples.sort(key=lambda o: IDS.index(o.violations[0].invariant))
@@ -142,54 +127,133 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
     return result
 
 
-def _generate(regime, max_examples, max_ranks, pcp_sizes, transform, run_many, target, runner,
-              record, deadline, rng, result: RegimeResult) -> dict[str, list] | None:
-    """The generation phase: per invariant, the choices of the smallest case (_size) whose first
-    violation it is: the least for hypothesis to shrink (None if the deadline stopped the
-    phase). Adds its time less the drawing's to result.check_seconds."""
-    pending: deque = deque()  # the choices of the cases in flight, in order
-    stop = False
-    drawn = 0
-    drawing = 0.0
-    started = time.perf_counter()
+@dataclass
+class _Search:
+    """One regime's search in progress: what its two phases share."""
 
-    def stream():
-        nonlocal drawn, drawing
-        attempts = 0
-        while not stop and drawn < max_examples and attempts < 10 * max_examples:
-            attempts += 1  # a transform that drops every case must not loop forever
-            began = time.perf_counter()
-            case, choices = draw_case(rng, (regime,), max_ranks, pcp_sizes)
-            if transform is not None:
-                case = transform(case)
-            drawing += time.perf_counter() - began
-            if case is None:
-                continue
-            drawn += 1
-            pending.append(choices)
-            yield case
+    target: object
+    regime: str
+    runner: object
+    max_examples: int
+    max_ranks: int
+    pcp_sizes: object
+    deadline: float | None
+    on_case: object
+    transform: object
+    run_many: object
+    result: RegimeResult = field(init=False)
+    # per first invariant, the smallest violating case seen (_size): what the deadline leaves
+    smallest: dict[str, Observation] = field(default_factory=dict)
 
-    found: dict[str, list] = {}
-    smallest: dict[str, tuple] = {}
-    first_at = last_at = 0
-    count = 0
-    out_of_time = False
-    for observation in run_many(stream(), target, runner):
-        choices = pending.popleft()
-        count += 1
-        first = record(observation)
-        if first is not None:
-            if first not in found:
-                first_at, last_at = first_at or count, count
-            if first not in found or _size(observation) < smallest[first]:
-                found[first], smallest[first] = choices, _size(observation)
-        # stop drawing (the cases in flight still finish: a backend keeps its results in order)
-        if deadline is not None and time.monotonic() >= deadline:
-            stop = out_of_time = True
-        elif found and count >= MIN_CASES and count >= min(first_at + 1000, 2 * last_at):
-            stop = True
-    result.check_seconds += time.perf_counter() - started - drawing
-    return None if out_of_time else found
+    def __post_init__(self):
+        self.result = RegimeResult(self.regime)
+
+    def record(self, observation: Observation) -> str | None:
+        """Count a case; its first violated invariant, if any."""
+        result = self.result
+        result.cases += 1
+        result.checked.update(observation.checked)
+        result.violated.update(v.invariant for v in observation.violations)
+        if self.on_case is not None:
+            self.on_case(result)
+        if not observation.violations:
+            return None
+        first = observation.violations[0].invariant
+        if first not in self.smallest or _size(observation) < _size(self.smallest[first]):
+            self.smallest[first] = observation
+        return first
+
+    def generate(self, rng) -> dict[str, list] | None:
+        """The generation phase: per invariant, the choices of the smallest case whose first
+        violation it is: the least for hypothesis to shrink (None if the deadline stopped the
+        phase). Adds its time less the drawing's to result.check_seconds."""
+        pending: deque = deque()  # the choices of the cases in flight, in order
+        stop = False
+        drawn = 0
+        drawing = 0.0
+        started = time.perf_counter()
+
+        def stream():
+            nonlocal drawn, drawing
+            attempts = 0
+            while not stop and drawn < self.max_examples and attempts < 10 * self.max_examples:
+                attempts += 1  # a transform that drops every case must not loop forever
+                began = time.perf_counter()
+                case, choices = draw_case(rng, (self.regime,), self.max_ranks, self.pcp_sizes)
+                if self.transform is not None:
+                    case = self.transform(case)
+                drawing += time.perf_counter() - began
+                if case is None:
+                    continue
+                drawn += 1
+                pending.append(choices)
+                yield case
+
+        found: dict[str, list] = {}
+        first_at = last_at = 0
+        count = 0
+        out_of_time = False
+        for observation in self.run_many(stream(), self.target, self.runner):
+            choices = pending.popleft()
+            count += 1
+            first = self.record(observation)
+            if first is not None:
+                if first not in found:
+                    first_at, last_at = first_at or count, count
+                if self.smallest[first] is observation:  # the smallest of its invariant so far
+                    found[first] = choices
+            # stop drawing (the cases in flight still finish: a backend keeps its results in order)
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                stop = out_of_time = True
+            elif found and count >= MIN_CASES and count >= min(first_at + 1000, 2 * last_at):
+                stop = True
+        self.result.check_seconds += time.perf_counter() - started - drawing
+        return None if out_of_time else found
+
+    def shrink(self, found: dict[str, list]) -> dict[str, Observation] | None:
+        """Hypothesis shrinks the generation's violating cases: the shrunk observation per first
+        invariant (none where a stored case did not fail again), or None if the deadline cut it
+        short."""
+        strategy = cases(regimes=(self.regime,), max_ranks=self.max_ranks, pcp_sizes=self.pcp_sizes)
+        if self.transform is not None:
+            strategy = strategy.map(self.transform).filter(lambda case: case is not None)
+
+        @settings(max_examples=self.max_examples, deadline=None,
+                  database=_Stored([choices_to_bytes(c) for c in found.values()]),
+                  report_multiple_bugs=True, verbosity=Verbosity.quiet, print_blob=False,
+                  phases=(Phase.reuse, Phase.shrink), suppress_health_check=list(HealthCheck))
+        @hypothesis_seed(SHRINK_SEED)  # below @settings: a seed's own settings drop the database
+        @given(case=strategy)
+        def check(case: Case) -> None:
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                raise _BudgetReached
+            started = time.perf_counter()
+            observation = next(iter(self.run_many([case], self.target, self.runner)))
+            self.result.check_seconds += time.perf_counter() - started
+            first = self.record(observation)
+            if first is not None:
+                raise _VIOLATION_TYPES[first](observation)
+
+        violations: list[InvariantViolated] = []
+        try:
+            check()
+        except _BudgetReached:
+            return None
+        except InvariantViolated as exc:
+            violations = [exc]
+        except BaseExceptionGroup as group:  # several invariants, each shrunk on its own
+            caught, failures = group.split(InvariantViolated)
+            if failures is not None:
+                raise CheckerError(f"pcpcheck failed while checking: {failures.exceptions[0]!r}") \
+                    from failures.exceptions[0]
+            violations = list(caught.exceptions)
+        except unittest.SkipTest:  # no stored case failed again (a flaky target): nothing shrunk
+            pass
+        except CheckerError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failure of pcpcheck itself, never a verdict
+            raise CheckerError(f"pcpcheck failed while checking: {exc!r}") from exc
+        return {exc.observation.violations[0].invariant: exc.observation for exc in violations}
 
 
 class _Stored(ExampleDatabase):
@@ -212,53 +276,6 @@ class _Stored(ExampleDatabase):
 
     def move(self, src: bytes, dest: bytes, value: bytes) -> None:
         pass
-
-
-def _shrink(found, regime, max_examples, max_ranks, pcp_sizes, transform, run_many, target,
-            runner, record, deadline, result: RegimeResult) -> dict[str, Observation] | None:
-    """Hypothesis shrinks the generation's violating cases: the shrunk observation per first
-    invariant (none where a stored case did not fail again), or None if the deadline cut it
-    short."""
-    strategy = cases(regimes=(regime,), max_ranks=max_ranks, pcp_sizes=pcp_sizes)
-    if transform is not None:
-        strategy = strategy.map(transform).filter(lambda case: case is not None)
-
-    @settings(max_examples=max_examples, deadline=None,
-              database=_Stored([choices_to_bytes(c) for c in found.values()]),
-              report_multiple_bugs=True, verbosity=Verbosity.quiet, print_blob=False,
-              phases=(Phase.reuse, Phase.shrink), suppress_health_check=list(HealthCheck))
-    @hypothesis_seed(SHRINK_SEED)  # below @settings: a seed's own settings drop the database
-    @given(case=strategy)
-    def check(case: Case) -> None:
-        if deadline is not None and time.monotonic() >= deadline:
-            raise _BudgetReached
-        started = time.perf_counter()
-        observation = next(iter(run_many([case], target, runner)))
-        result.check_seconds += time.perf_counter() - started
-        first = record(observation)
-        if first is not None:
-            raise _VIOLATION_TYPES[first](observation)
-
-    violations: list[InvariantViolated] = []
-    try:
-        check()
-    except _BudgetReached:
-        return None
-    except InvariantViolated as exc:
-        violations = [exc]
-    except BaseExceptionGroup as group:  # several invariants, each shrunk on its own
-        caught, failures = group.split(InvariantViolated)
-        if failures is not None:
-            raise CheckerError(f"pcpcheck failed while checking: {failures.exceptions[0]!r}") \
-                from failures.exceptions[0]
-        violations = list(caught.exceptions)
-    except unittest.SkipTest:  # no stored case failed again (a flaky target): nothing shrunk
-        pass
-    except CheckerError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a failure of pcpcheck itself, never a verdict
-        raise CheckerError(f"pcpcheck failed while checking: {exc!r}") from exc
-    return {exc.observation.violations[0].invariant: exc.observation for exc in violations}
 
 
 def replay(runner, target, observation: Observation, runs: int, run_many=run_cases) -> Replays:
