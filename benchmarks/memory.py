@@ -1,9 +1,11 @@
 """Peak memory of `pcpcheck check` as the number of cases grows: printed, never asserted.
 
 Runs `pcpcheck check impl` with each --max-examples given and samples, every 50 ms, the peak
-resident set (VmHWM) of every process of the run: the driver(s) and the workers hosting the
-ranks. Prints per run the largest peak among drivers and among workers, and the sum of all
-peaks (an upper bound of the whole run's memory at any moment).
+resident set (VmHWM) of every process of the run: the driver(s), their fork servers and the
+workers hosting the ranks (told apart by the names pcpcheck gives them, /proc/PID/comm). Prints
+per run the largest peak of each role, the sum of all peaks (an upper bound: a server and its
+workers share most pages), and the sum of each process's largest sampled proportional set size
+(PSS: a shared page counts once, split among its sharers).
 
     python benchmarks/memory.py --cases 3000,30000 [--jobs N] [--regime sharded ...]
 """
@@ -36,16 +38,20 @@ def _tree(pid: int) -> list[int]:
     return pids
 
 
-def _peak_kib(pid: int) -> tuple[str, int] | None:
+ROLES = {"pcpcheck-worker": "worker", "pcpcheck-server": "server"}
+
+
+def _peak_kib(pid: int) -> tuple[str, int, int] | None:
+    """(role, peak RSS, PSS now) in KiB."""
     try:
         with open(f"/proc/{pid}/status") as handle:
             fields = dict(line.split(":", 1) for line in handle if ":" in line)
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            command = handle.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        with open(f"/proc/{pid}/smaps_rollup") as handle:
+            pss = next(int(line.split()[1]) for line in handle if line.startswith("Pss:"))
+    except (OSError, StopIteration):
         return None
-    role = "worker" if "pcpcheck.backends.worker" in command else "driver"
-    return role, int(fields.get("VmHWM", "0 kB").split()[0])
+    return (ROLES.get(fields["Name"].strip(), "driver"), int(fields.get("VmHWM", "0 kB").split()[0]),
+            pss)
 
 
 def measure(cases: int, jobs: int, regimes: list[str]) -> dict:
@@ -53,21 +59,22 @@ def measure(cases: int, jobs: int, regimes: list[str]) -> dict:
     command += ([f"--jobs={jobs}"] if jobs else []) + [f"--regime={r}" for r in regimes]
     started = time.monotonic()
     run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    peaks: dict[int, tuple[str, int]] = {}
+    peaks: dict[int, tuple[str, int, int]] = {}
     while run.poll() is None:
         for pid in _tree(run.pid):
             seen = _peak_kib(pid)
-            if seen is not None:  # a worker's first sample may predate its exec: role sticks
+            if seen is not None:  # a first sample may predate the name: a named role sticks
                 before = peaks.get(pid, seen)
-                role = "worker" if "worker" in (seen[0], before[0]) else "driver"
-                peaks[pid] = (role, max(seen[1], before[1]))
+                role = seen[0] if seen[0] != "driver" else before[0]
+                peaks[pid] = (role, max(seen[1], before[1]), max(seen[2], before[2]))
         time.sleep(0.05)
     if run.returncode != 0:
         raise SystemExit(f"pcpcheck exited {run.returncode}: {run.stderr.read().decode()[-500:]}")
-    by_role = {role: max((kib for r, kib in peaks.values() if r == role), default=0)
-               for role in ("driver", "worker")}
+    by_role = {role: max((kib for r, kib, _ in peaks.values() if r == role), default=0)
+               for role in ("driver", "server", "worker")}
     return {"seconds": time.monotonic() - started, "processes": len(peaks),
-            "total_mib": sum(kib for _, kib in peaks.values()) / 1024,
+            "total_mib": sum(kib for _, kib, _ in peaks.values()) / 1024,
+            "pss_mib": sum(pss for _, _, pss in peaks.values()) / 1024,
             **{f"{role}_mib": kib / 1024 for role, kib in by_role.items()}}
 
 
@@ -83,9 +90,10 @@ def main() -> None:
           "per process, MiB")
     for cases in map(int, args.cases.split(",")):
         figures = measure(cases, args.jobs, regimes)
-        print(f"  {cases:>6} cases/regime: largest driver {figures['driver_mib']:6.1f}, largest "
-              f"worker {figures['worker_mib']:6.1f}, sum over {figures['processes']} processes "
-              f"{figures['total_mib']:6.1f}; {figures['seconds']:.1f} s")
+        print(f"  {cases:>6} cases/regime: largest driver {figures['driver_mib']:6.1f}, fork server "
+              f"{figures['server_mib']:6.1f}, largest worker {figures['worker_mib']:6.1f}, sum over "
+              f"{figures['processes']} processes {figures['total_mib']:6.1f}, PSS "
+              f"{figures['pss_mib']:6.1f}; {figures['seconds']:.1f} s")
 
 
 if __name__ == "__main__":

@@ -1,3 +1,3 @@
-from pcpcheck.cli import main
+from pcpcheck.cli import command
 
-raise SystemExit(main())
+raise SystemExit(command())

@@ -179,6 +179,14 @@ def use_cache_dir() -> None:
     set_hypothesis_home_dir(os.path.join(base, "pcpcheck", "hypothesis"))
 
 
+def command() -> int:
+    """The `pcpcheck` command, a process of its own: its fork server is forked from it now,
+    before it runs a thread or a torch op (pcpcheck.backends.forkserver)."""
+    from pcpcheck.backends.pool import FORK_SERVER
+    FORK_SERVER.prefork()
+    return main()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -398,4 +406,4 @@ def replay_case(text: str) -> Case:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(command())

@@ -17,6 +17,12 @@ settings.register_profile("thorough", deadline=None, max_examples=2000,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: two test processes per core. Many tests mostly wait (on a worker's timeout, a
+    pcpcheck subprocess, a hang being detected); a second process per core fills that time."""
+    return 2 * (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
 @pytest.fixture(scope="session")
 def runner():
     """One in-process rank scheduler for the session (trusted code: impl only)."""

@@ -143,13 +143,29 @@ def _alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] not in "ZX"
 
 
+def _marked(hostile: Path) -> list[int]:
+    """Live processes whose environment names this run's hostile folder: every process a run
+    started (its fork server and workers included), whatever session it moved to."""
+    marker = f"PCPCHECK_HOSTILE_DIR={hostile}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and marker in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                found.append(int(entry))
+        except OSError:
+            continue
+    return [pid for pid in found if _alive(pid)]
+
+
 def _left_behind(session: int, hostile: Path) -> list[str]:
-    """Processes the run left: its session's, and children the target recorded. Waits up to 3 s
-    for them to go; then kills them (they are this test's) and names them."""
+    """Processes the run left: its session's, those its environment marks, and children the
+    target recorded. Waits up to 3 s for them to go; then kills them (they are this test's)
+    and names them."""
     recorded = [int(p.name.split("-")[1]) for p in hostile.glob("child-*")]
     deadline = time.monotonic() + 3
     while True:
-        left = sorted(set(_session_processes(session)) | {p for p in recorded if _alive(p)})
+        left = sorted(set(_session_processes(session)) | set(_marked(hostile))
+                      | {p for p in recorded if _alive(p)})
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.1)
@@ -163,9 +179,10 @@ def _left_behind(session: int, hostile: Path) -> list[str]:
     return names
 
 
-def run_pcpcheck(args, interrupt_after_call: bool = False) -> Run:
+def run_pcpcheck(args, stop_after_call: signal.Signals | None = None) -> Run:
     """`python -m pcpcheck check ARGS --json FILE` in a new session, TMPDIR and hostile folder;
-    with `interrupt_after_call`, Ctrl-C (SIGINT to its process group) once a call has run."""
+    with `stop_after_call`, that signal once a call has run: SIGINT to its process group
+    (Ctrl-C), SIGKILL to pcpcheck alone."""
     folder = Path(tempfile.mkdtemp(prefix="hostile-run-"))
     tmpdir, hostile = folder / "tmp", folder / "hostile"
     tmpdir.mkdir()
@@ -179,12 +196,15 @@ def run_pcpcheck(args, interrupt_after_call: bool = False) -> Run:
         process = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                    env=env, cwd=ROOT, start_new_session=True)
     try:
-        if interrupt_after_call:
+        if stop_after_call:
             while not any(hostile.glob("call-*")) and time.monotonic() - started < RUN_SECONDS:
                 time.sleep(0.1)
             time.sleep(0.3)
             started = time.monotonic()  # from here: how long Ctrl-C takes
-            os.killpg(process.pid, signal.SIGINT)
+            if stop_after_call == signal.SIGINT:
+                os.killpg(process.pid, signal.SIGINT)
+            else:
+                os.kill(process.pid, stop_after_call)
         code = process.wait(RUN_SECONDS)
     except subprocess.TimeoutExpired:
         code = None
@@ -212,13 +232,13 @@ INTERRUPTED = ("ignores_sigint.py", "slow_correct.py")
 
 
 def _start(key):
-    if key[0] == "interrupt":  # a long search, Ctrl-C once a call has run
+    if key[0] in ("interrupt", "kill"):  # a long search, stopped once a call has run
         _, target, backend = key
         # two regimes: on threads each is searched by its own driver process (--jobs 2)
         jobs = ["--jobs", "2"] if backend == "threads" else []
         return run_pcpcheck([str(HOSTILE / target), "--regime", "sharded", "--regime",
                              "replicated", "--max-examples", "1000", *jobs, *BACKENDS[backend]],
-                            interrupt_after_call=True)
+                            stop_after_call=signal.SIGINT if key[0] == "interrupt" else signal.SIGKILL)
     target, backend = key
     return run_pcpcheck(_cli_args(target, backend))
 
@@ -235,6 +255,7 @@ def _keys(item) -> list[tuple]:
         "test_output_is_captured_and_shown_truncated": [("floods_output.py", backend),
                                                         ("noisy.py", backend)],
         "test_ctrl_c_stops_pcpcheck_at_once": [("interrupt", params.get("target"), backend)],
+        "test_nothing_outlives_a_killed_pcpcheck": [("kill", "slow_correct.py", backend)],
     }.get(getattr(item, "originalname", item.name), [])
 
 
@@ -350,6 +371,15 @@ def test_ctrl_c_stops_pcpcheck_at_once(target, backend, runs):
     assert run.code == 130 and run.seconds < 10, run.describe()
     assert run.stderr.strip().splitlines()[-1:] == ["pcpcheck: interrupted"], run.describe()
     assert "terminate called" not in run.stderr
+
+
+@pytest.mark.parametrize("backend", ON_BACKEND)
+def test_nothing_outlives_a_killed_pcpcheck(backend, runs):
+    """SIGKILL leaves pcpcheck no say: the kernel and its fork server end the rest (the
+    server's workers die with it; it dies once pcpcheck's end of its socket closes)."""
+    run = runs(("kill", "slow_correct.py", backend))
+    assert run.code == -signal.SIGKILL, run.describe()
+    assert not run.left_running, run.left_running
 
 
 # --- in-process: the older hostile targets, each with the invariant it violates ---------------

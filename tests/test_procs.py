@@ -388,6 +388,69 @@ def test_nothing_a_target_started_outlives_the_backend(tmp_path):
     assert not os.path.exists(workspace)
 
 
+# --- the fork server (pcpcheck.backends.forkserver) -------------------------------------------
+@pytest.fixture
+def own_fork_server(monkeypatch):
+    """A fork server of this test's own: the process's one serves workers other tests hold."""
+    from pcpcheck.backends import pool
+    from pcpcheck.backends.forkserver import ForkServer
+    server = ForkServer()
+    monkeypatch.setattr(pool, "FORK_SERVER", server)
+    yield server
+    server.stop()
+
+
+def test_a_worker_starts_in_the_drivers_environment_and_directory_of_now(threads, tmp_path,
+                                                                        monkeypatch):
+    # the server (and the module's threads worker) started in another environment and directory
+    assert run_case(CASE, threads.load("impl"), threads).violations == []
+    monkeypatch.setenv("PCPCHECK_TEST_MARK", "set after the server started")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "helper_in_cwd.py").write_text("WHERE = 'the directory of now'\n")
+    path = _target(tmp_path, "environ", before=(
+        "import os, sys; from helper_in_cwd import WHERE; "
+        "print(os.environ.get('PCPCHECK_TEST_MARK'), os.getcwd(), WHERE)"))
+    backend = make_backend("threads", timeout=TIMEOUT)
+    try:
+        observation = run_case(CASE, backend.load(path), backend)
+    finally:
+        backend.close()
+    assert observation.violations == []
+    assert observation.ranks[0].output == f"set after the server started {tmp_path} the directory of now\n"
+
+
+def test_a_fork_server_killed_from_outside_is_replaced(own_fork_server):
+    import signal
+    backend = make_backend("threads", timeout=TIMEOUT)
+    try:
+        assert run_case(CASE, backend.load("impl"), backend).violations == []
+        first_server, first_worker = own_fork_server.pid, backend.pids[0]
+        os.kill(first_server, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while _alive(first_worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(first_worker)  # its workers die with it
+        observation = run_case(CASE, backend.load("impl"), backend)
+        # the case the dead worker was sent to gets a verdict; the next worker comes from a new server
+        assert observation.violations == [] or observation.violations[0].invariant == COLLECTIVE
+        assert run_case(CASE, backend.load("impl"), backend).violations == []
+        assert own_fork_server.pid not in (None, first_server)
+    finally:
+        backend.close()
+
+
+def test_a_fork_server_that_cannot_start_is_a_one_line_error(own_fork_server, tmp_path, monkeypatch):
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('no torch in this environment')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    backend = make_backend("threads", timeout=TIMEOUT)
+    try:
+        with pytest.raises(LoadError, match=r"fork server did not start \(ImportError: no torch in"):
+            backend.load("impl")
+    finally:
+        backend.close()
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--backend", "mpi"], "invalid choice"),
     (["--backend", "gloo", "--world-sizes", "1,2"], "between 2 and 8"),

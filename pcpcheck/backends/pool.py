@@ -1,10 +1,11 @@
 """Worker processes, from the driver's side: start, talk, time, stop, clean up.
 
-Every worker runs `python -m pcpcheck.backends.worker` in its own session (Ctrl-C reaches only
-the driver; the whole session is killed at once), dies with the driver (PR_SET_PDEATHSIG), and
-talks over two pipes. The driver is a child subreaper, so a process a target double-forks out of
-its session is reparented here and killed too. Each backend's files (capture, status) live in
-one temporary directory, removed when the backend closes.
+Every worker is forked by this process's fork server (pcpcheck.backends.forkserver) into a
+session of its own (Ctrl-C reaches only the driver; the whole session is killed at once), dies
+with the server, which dies with the driver, and talks over two pipes. The driver is a child
+subreaper, so a process a target double-forks out of its session is reparented here and killed
+too. Each backend's files (capture, status) live in one temporary directory, removed when the
+backend closes.
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ import time
 from pathlib import Path
 
 from pcpcheck.backends import wire
+from pcpcheck.backends.forkserver import ForkServer, ForkServerError
 from pcpcheck.backends.worker import MAX_OUTPUT, MAX_RANKS, STATUS
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # what makes `pcpcheck` importable
 _LIVE: dict[int, "WorkerProcess"] = {}  # pid -> worker, for the exit handler and orphan reaping
 _WORKSPACES: set[str] = set()  # directories not removed yet (a backend never closed)
 _PR_SET_CHILD_SUBREAPER = 36
+FORK_SERVER = ForkServer()  # this process's
+SERVER_STARTUP = 120.0  # seconds for the fork server to start (import torch)
 
 
 def _become_subreaper() -> None:
@@ -82,18 +86,16 @@ class WorkerProcess:
         from_worker, to_driver = os.pipe()
         for fd in (from_driver, to_driver):
             _widen(fd)
-        config = dict(config, parent=os.getpid(), status=status_path, capture=self.capture_path)
-        config.update({"in": to_worker, "out": to_driver})
+        config = dict(config, status=status_path, capture=self.capture_path)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([_ROOT, *filter(None, [env.get("PYTHONPATH")])])
-        with open(self.capture_path, "ab") as capture:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "pcpcheck.backends.worker", json.dumps(config)],
-                stdin=subprocess.DEVNULL, stdout=capture, stderr=capture, env=env,
-                pass_fds=(to_worker, to_driver), start_new_session=True, close_fds=True)
-        os.close(to_worker)
-        os.close(to_driver)
-        self.pid = self.process.pid
+        try:
+            self.pid = FORK_SERVER.spawn(config, (to_worker, to_driver), env, SERVER_STARTUP)
+        except (OSError, ForkServerError) as exc:  # no worker: its pipe reads as closed, exit_reason says why
+            self.pid, self._failure = -1, str(exc)
+        finally:
+            os.close(to_worker)
+            os.close(to_driver)
         _LIVE[self.pid] = self
         self._to_worker = from_driver
         os.set_blocking(from_driver, False)  # send() reads replies while the pipe is full
@@ -123,9 +125,10 @@ class WorkerProcess:
 
     def exit_reason(self) -> str:
         """How the process ended (after EOF on its pipe)."""
-        try:
-            code = self.process.wait(1.0)
-        except subprocess.TimeoutExpired:
+        if self.pid < 0:
+            return self._failure
+        code = FORK_SERVER.wait(self.pid, 1.0)
+        if code is None:
             return "closed its pipe to pcpcheck"
         if code < 0:
             try:
@@ -148,11 +151,9 @@ class WorkerProcess:
         if not self.alive:
             return
         self.alive = False
-        _kill_session(self.pid)
-        try:
-            self.process.wait(5.0)
-        except subprocess.TimeoutExpired:
-            pass
+        if self.pid > 0:
+            _kill_session(self.pid)
+            FORK_SERVER.wait(self.pid, 5.0)  # reaped: what it orphaned is reparented here
         _LIVE.pop(self.pid, None)
         for fd in (self._to_worker, self.reader.fd):
             try:
@@ -198,7 +199,7 @@ def _reap_orphans() -> None:
     subreaper, they are our children but not workers nor in our session."""
     me, mine = os.getpid(), os.getsid(0)
     for pid, parent, session in _processes():
-        if parent == me and pid not in _LIVE and session != mine:
+        if parent == me and pid not in _LIVE and pid not in ForkServer.pids and session != mine:
             _kill(pid)
             try:
                 os.waitpid(pid, 0)
@@ -211,6 +212,7 @@ def _kill_all() -> None:
     """A backend never closed (an exception between start and close): its workers and files."""
     for worker in list(_LIVE.values()):
         worker.kill()
+    FORK_SERVER.stop()
     for path in list(_WORKSPACES):
         shutil.rmtree(path, ignore_errors=True)
 

@@ -137,6 +137,7 @@ def _serve(store, worker, rank: int, timeout: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     import torch
     from pcpcheck import cli
+    pool.FORK_SERVER.prefork()  # a process of its own, no thread nor torch op yet
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "check":
         argv = argv[1:]

@@ -1,6 +1,5 @@
 """Where a rank runs: the worker process, the only process that imports and calls the target.
-
-    python -m pcpcheck.backends.worker CONFIG_JSON
+Each is forked by the driver's fork server (pcpcheck.backends.forkserver).
 
 A worker hosts either every rank of a world as greenlets (`threads`: pcpcheck.runner schedules
 them) or one rank of a torch.distributed group (`gloo`, `nccl`, `torchrun`). It loads its own
@@ -388,8 +387,8 @@ class Worker:
         os._exit(0)  # no interpreter teardown: a target's atexit handlers and threads do not run
 
 
-def main() -> None:
-    config = json.loads(sys.argv[1])
+def main(config: dict) -> None:
+    """The worker, in a process pcpcheck.backends.forkserver forked for it; never returns."""
     _die_with_parent(config["parent"])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; it stops us
     try:
@@ -400,6 +399,3 @@ def main() -> None:
         finally:
             os._exit(3)
 
-
-if __name__ == "__main__":
-    main()
