@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import torch
 from greenlet import greenlet
 
-from pcpcheck.backends.wire import TRACE_INCOMPLETE
 from pcpcheck.rankctx import bound_group
+from spec.invariants import INCOMPLETE  # not wire's copy: pcpcheck.backends imports this module
 
 # rank states reported through on_switch's host (pcpcheck.backends.worker.Status)
 NOT_STARTED, RUNNING, WAITING, FINISHED = 0, 1, 2, 3
@@ -152,7 +152,7 @@ class RankWorld:
         if isinstance(result, str):
             message = f"all_gather on rank {rank} never completed: {result}"
             # The trace keeps the fact even if the target swallows the exception.
-            case.outcomes[rank].trace.append((TRACE_INCOMPLETE, message))
+            case.outcomes[rank].trace.append((INCOMPLETE, message))
             raise CollectiveAborted(message)
         return result
 

@@ -126,3 +126,30 @@ def test_independence_check_sees_every_form_of_import(tmp_path, monkeypatch):
         (tmp_path / "reference" / "leak.py").write_text(line + "\n")
         monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
         assert _clashes("reference"), line
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter():
+    """No import cycle waits on the order a process happens to import modules in (torch stays
+    loaded between imports: only the project's modules are fresh for each)."""
+    import subprocess
+    packages = ("pcpcheck", "spec", "reference", "impl")
+    modules = sorted(".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+                     for package in packages for path in (ROOT / package).rglob("*.py")
+                     if path.name != "__main__.py")
+    script = f"""
+import importlib, sys, torch
+failed = []
+for name in {modules!r}:
+    for loaded in [m for m in sys.modules if m.split(".")[0] in {packages!r}]:
+        del sys.modules[loaded]
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        failed.append(f"{{name}}: {{type(exc).__name__}}: {{exc}}")
+print("\\n".join(failed))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "", done.stdout
+    assert len(modules) > 30

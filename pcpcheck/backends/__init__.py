@@ -1,6 +1,6 @@
 """Backends: where the ranks of a case run. The target runs only in worker processes.
 
-    driver (pcpcheck.engine / cli / api)          workers (python -m pcpcheck.backends.worker)
+    driver (pcpcheck.engine / cli / api)          workers (forked by the driver's fork server)
     draws a case -> check.run_case:
       check.prepare(case)  ------ inputs as bytes ----->  load target (one instance per rank),
       backend.run(prepared, target)                       call it on P ranks, read outputs raw
@@ -10,8 +10,9 @@
 Files: base.py (the Backend interface, RankResult, TargetInfo), threads.py (one worker, P ranks
 as greenlets), distributed.py (gloo/nccl: P workers in a torch.distributed group), torchrun.py
 (under torchrun), worker.py (where a rank runs), wire.py (where bytes cross a process boundary),
-pool.py (starting, timing and stopping worker processes), process_group.py (the group a rank
-sees on a real process group).
+pool.py (starting, timing and stopping worker processes), forkserver.py (the process that
+imports torch once and forks every worker), process_group.py (the group a rank sees on a real
+process group).
 """
 
 from __future__ import annotations
