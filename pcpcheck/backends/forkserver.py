@@ -9,8 +9,9 @@ as the worker always has: a session of its own, fd 0 on /dev/null, fd 1 and 2 on
 file, only its two pipes open, killed by the kernel when the server dies (PR_SET_PDEATHSIG).
 The server in turn ends, killing its workers' sessions, when the driver's end of its socket
 closes, even when the driver was SIGKILLed. It runs in a session of its own (Ctrl-C is the
-driver's). It is a fresh interpreter, not a fork of the driver: the driver may run threads, and
-a child forked after its parent ran a parallel torch op hangs in its first one (GNU OpenMP).
+driver's). The `pcpcheck` command forks it from itself at its start (ForkServer.prefork); any
+other driver starts it as a fresh interpreter, since a driver may run threads, and a child
+forked after its parent ran a parallel torch op hangs in its first one (GNU OpenMP).
 
 Requests and replies are JSON datagrams on a SOCK_SEQPACKET pair; a worker's two pipe ends
 travel with its request (SCM_RIGHTS).

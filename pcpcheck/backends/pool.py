@@ -11,13 +11,10 @@ backend closes.
 from __future__ import annotations
 
 import atexit
-import json
 import mmap
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -91,8 +88,8 @@ class WorkerProcess:
         env["PYTHONPATH"] = os.pathsep.join([_ROOT, *filter(None, [env.get("PYTHONPATH")])])
         try:
             self.pid = FORK_SERVER.spawn(config, (to_worker, to_driver), env, SERVER_STARTUP)
-        except (OSError, ForkServerError) as exc:  # no worker: its pipe reads as closed, exit_reason says why
-            self.pid, self._failure = -1, str(exc)
+        except (OSError, ForkServerError) as exc:  # no worker: its pipe reads closed, and
+            self.pid, self._failure = -1, str(exc)  # exit_reason says why
         finally:
             os.close(to_worker)
             os.close(to_driver)

@@ -172,11 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pcpcheck: {exc}", file=sys.stderr)
         code = cli.EXIT_USAGE
     finally:
-        if runner is not None:
-            runner.finish(code)
         if worker is not None:
             worker.kill()
         workspace.remove()
+        if runner is not None:  # last: once a peer exits non-zero, torchrun's agent SIGTERMs us
+            sys.stdout.flush()
+            runner.finish(code)
         _exit(code)
     return code
 
