@@ -310,7 +310,8 @@ def test_reproducer_names_the_target_relative_and_can_be_pointed_elsewhere(tmp_p
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
     def pytest_run(**extra):
-        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        # -n 0: one test, not the pytest-xdist workers this project's addopts would start
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
                                str(reproducer)], cwd=ROOT, env={**env, **extra},
                               capture_output=True, text=True, timeout=120)
 
