@@ -243,10 +243,13 @@ class ForkServer:
             return reply["pid"]
 
     def wait(self, pid: int, seconds: float) -> int | None:
-        """The exit code of a worker (-N: killed by signal N) once it exits within `seconds`."""
+        """The exit code of a worker (-N: killed by signal N) once it exits within `seconds`;
+        ForkServerError if the server is gone (its workers went with it)."""
         with self._lock:
             reply = self._request({"op": "wait", "pid": pid, "seconds": seconds}) if self._ready else None
-        return reply["code"] if reply else None
+        if reply is None:
+            raise ForkServerError("pcpcheck's fork server is gone")
+        return reply["code"]
 
     def stop(self) -> None:
         with self._lock:

@@ -124,7 +124,10 @@ class WorkerProcess:
         """How the process ended (after EOF on its pipe)."""
         if self.pid < 0:
             return self._failure
-        code = FORK_SERVER.wait(self.pid, 1.0)
+        try:
+            code = FORK_SERVER.wait(self.pid, 1.0)
+        except ForkServerError:
+            return "killed with pcpcheck's fork server, which is gone"
         if code is None:
             return "closed its pipe to pcpcheck"
         if code < 0:
@@ -150,7 +153,10 @@ class WorkerProcess:
         self.alive = False
         if self.pid > 0:
             _kill_session(self.pid)
-            FORK_SERVER.wait(self.pid, 5.0)  # reaped: what it orphaned is reparented here
+            try:
+                FORK_SERVER.wait(self.pid, 5.0)  # reaped: what it orphaned is reparented here
+            except ForkServerError:
+                pass  # it went with its server
         _LIVE.pop(self.pid, None)
         for fd in (self._to_worker, self.reader.fd):
             try:
