@@ -119,22 +119,6 @@ class Run:
         return self.verdict["counterexamples"][0]
 
 
-def _session_processes(session: int) -> list[int]:
-    """Live (not zombie) processes whose session is `session`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp session ...
-        if int(fields[3]) == session and fields[0] not in "ZX":
-            found.append(int(entry))
-    return found
-
-
 def _alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -143,18 +127,23 @@ def _alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] not in "ZX"
 
 
-def _marked(hostile: Path) -> list[int]:
-    """Live processes whose environment names this run's hostile folder: every process a run
-    started (its fork server and workers included), whatever session it moved to."""
+def _run_processes(session: int, hostile: Path) -> list[int]:
+    """Live (not zombie) processes of a run: those of its session, and those whose environment
+    names its hostile folder (its fork server and workers, in sessions of their own)."""
     marker = f"PCPCHECK_HOSTILE_DIR={hostile}".encode()
     found = []
     for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
         try:
-            if entry.isdigit() and marker in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp session ...
+            if fields[0] not in "ZX" and (int(fields[3]) == session or marker in Path(
+                    f"/proc/{entry}/environ").read_bytes().split(b"\0")):
                 found.append(int(entry))
         except OSError:
             continue
-    return [pid for pid in found if _alive(pid)]
+    return found
 
 
 def _left_behind(session: int, hostile: Path) -> list[str]:
@@ -164,8 +153,7 @@ def _left_behind(session: int, hostile: Path) -> list[str]:
     recorded = [int(p.name.split("-")[1]) for p in hostile.glob("child-*")]
     deadline = time.monotonic() + 3
     while True:
-        left = sorted(set(_session_processes(session)) | set(_marked(hostile))
-                      | {p for p in recorded if _alive(p)})
+        left = sorted(set(_run_processes(session, hostile)) | {p for p in recorded if _alive(p)})
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.1)
