@@ -375,32 +375,33 @@ def check(target, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_MAX_EX
     if jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {jobs}")
     started = time.monotonic()
-    own_runner = runner is None
-    if own_runner:
+    if runner is None:
         sizes = default_world_sizes(backend, options.world_sizes, device)
         options = Options(**{**asdict(options), "world_sizes": sizes})
         if jobs > 1 and backend == "threads" and len(options.regimes) > 1:
             loaded, results = _search_in_drivers(source, options, jobs, progress)
-            return replace(_result(source, loaded, options, results, known),
-                           seconds=round(time.monotonic() - started, 3))
-        runner = make_runner(backend, timeout=timeout, world_sizes=sizes, device=device)
-    try:
-        loaded = runner.load(source, function)  # in the backend's workers, never here
-        progress.started(loaded, options)
-        deadline = None if options.budget_s is None else time.monotonic() + options.budget_s
-        results = []
-        for index, regime in enumerate(options.regimes):
-            # the remaining budget is shared equally among the regimes still to run
-            share = None if deadline is None else \
-                time.monotonic() + (deadline - time.monotonic()) / (len(options.regimes) - index)
-            results.append(_search_regime(loaded, runner, options, regime, share,
-                                          lambda r, regime=regime: progress.case(regime, r)))
-            progress.finished(_summary(results[-1]))
-    finally:
-        if own_runner:
-            runner.close()
+        else:
+            with make_runner(backend, timeout=timeout, world_sizes=sizes, device=device) as own:
+                loaded, results = _search_here(source, own, options, progress)
+    else:
+        loaded, results = _search_here(source, runner, options, progress)
     return replace(_result(source, loaded, options, results, known),
                    seconds=round(time.monotonic() - started, 3))
+
+
+def _search_here(source: str, runner, options: Options, progress: Progress):
+    """The regimes searched one after another on `runner`: (target, results)."""
+    from pcpcheck.jobs import budget_share
+    loaded = runner.load(source, options.function)  # in the backend's workers, never here
+    progress.started(loaded, options)
+    deadline = None if options.budget_s is None else time.monotonic() + options.budget_s
+    results = []
+    for index, regime in enumerate(options.regimes):
+        share = budget_share(deadline, len(options.regimes) - index)
+        results.append(_search_regime(loaded, runner, options, regime, share,
+                                      lambda r, regime=regime: progress.case(regime, r)))
+        progress.finished(_summary(results[-1]))
+    return loaded, results
 
 
 def default_jobs(backend: str, runner=None) -> int:

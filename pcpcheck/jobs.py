@@ -60,6 +60,15 @@ def _driver(connection, open_backend, search_regime) -> None:
         os._exit(0)  # no teardown of what the parent left in this forked copy
 
 
+def budget_share(deadline: float | None, regimes_left: int, drivers: int = 1) -> float | None:
+    """The deadline of the next regime handed out: an equal share of the time left per regime
+    still to run on each driver (None: no budget)."""
+    if deadline is None:
+        return None
+    now = time.monotonic()
+    return now + (deadline - now) / -(-regimes_left // drivers)
+
+
 def search_in_parallel(count: int, jobs: int, open_backend, search_regime, *, budget_s=None,
                        on_loaded=None, on_case=None, on_done=None) -> list:
     """Results of search_regime(index, target, runner, deadline, on_case) for index in
@@ -108,9 +117,7 @@ def search_in_parallel(count: int, jobs: int, open_backend, search_regime, *, bu
                         on_done(message[1], message[2])
                 if kind in ("loaded", "done") and not busy[id(conn)]:
                     if next_index < count:
-                        share = None if deadline is None else time.monotonic() + (
-                            deadline - time.monotonic()) / -(-(count - next_index) // len(drivers))
-                        conn.send((next_index, share))
+                        conn.send((next_index, budget_share(deadline, count - next_index, len(drivers))))
                         busy[id(conn)] = True
                         next_index += 1
                     else:
