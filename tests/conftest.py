@@ -34,7 +34,8 @@ def runner():
 @pytest.fixture(scope="session")
 def threads_backend():
     """One threads backend for the session's well-behaved targets: each backend a check starts
-    costs a worker process importing torch (about 1.5 s), more than most checks themselves."""
+    costs a worker (forked by the fork server) and a load of the target, and the first one in a
+    test process a fork server importing torch (about 1.2 s)."""
     from pcpcheck.backends import make_backend
 
     with make_backend("threads") as backend:
