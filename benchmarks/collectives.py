@@ -78,7 +78,7 @@ def vllm_gather(source: str, group: CountingGroup):
 
 
 def impl_gather(group: CountingGroup):
-    from impl import gather_prefill_cache_inputs
+    from pcpcheck_impl import gather_prefill_cache_inputs
 
     def call(tensors, slots, nd, shard):
         return gather_prefill_cache_inputs(tensors, slots, nd, shard, group=group)

@@ -16,7 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
-import reference
+import pcpcheck_reference as reference
 from pcpcheck.backends import make_backend
 from pcpcheck.engine import search
 

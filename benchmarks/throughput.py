@@ -21,7 +21,7 @@ from pcpcheck.backends import make_backend
 from pcpcheck.cases import draw_case
 from pcpcheck.check import run_case, run_cases
 from pcpcheck.engine import search
-from spec.names import REGIMES
+from pcpcheck_spec.names import REGIMES
 
 
 def drawn_cases(max_ranks: int, count: int):

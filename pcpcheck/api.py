@@ -24,8 +24,8 @@ from pcpcheck.backends.base import WorkerError
 from pcpcheck.check import run_case
 from pcpcheck.engine import CheckerError, RegimeResult, Replays, search
 from pcpcheck.loader import LoadError
-from spec.names import DEFAULT_REGIMES, HAZARD_REGIMES, REGIMES, SHARDED
-from spec.registry import IDS
+from pcpcheck_spec.names import DEFAULT_REGIMES, HAZARD_REGIMES, REGIMES, SHARDED
+from pcpcheck_spec.registry import IDS
 
 SCHEMA_VERSION = 1
 DEFAULT_MAX_EXAMPLES = 3000

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spec.names import REGIMES
-from spec.registry import IDS
+from pcpcheck_spec.names import REGIMES
+from pcpcheck_spec.registry import IDS
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-import reference
-from spec import model
-from spec.names import (DCP, DRAFT_DECODE_THRESHOLD, DRAFT_MIXED, DRAFT_REGIMES, REGIMES, Batch,
+import pcpcheck_reference as reference
+from pcpcheck_spec import model
+from pcpcheck_spec.names import (DCP, DRAFT_DECODE_THRESHOLD, DRAFT_MIXED, DRAFT_REGIMES, REGIMES, Batch,
                         Request)
 
 DTYPES = {

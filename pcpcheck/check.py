@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-import reference
-import spec.invariants as inv
+import pcpcheck_reference as reference
+import pcpcheck_spec.invariants as inv
 from pcpcheck.cases import LABEL_KEY, Case, as_bytes, as_tensor, row_content
-from spec import model
-from spec.names import NO_ROW, Batch
-from spec.registry import Step, evaluate
+from pcpcheck_spec import model
+from pcpcheck_spec.names import NO_ROW, Batch
+from pcpcheck_spec.registry import Step, evaluate
 
 
 # Rows of a contiguous range of labels per (tensor index, row bytes), grown on demand: a case's

@@ -26,8 +26,8 @@ from pcpcheck.engine import CheckerError
 from pcpcheck.loader import LoadError
 from pcpcheck.vllm.release import InterfaceDrift
 from pcpcheck.vllm.source import SourceError
-from spec.names import DEFAULT_REGIMES, HAZARD_REGIMES, REGIMES
-from spec.registry import GATHER_IDS, RELEASE_IDS
+from pcpcheck_spec.names import DEFAULT_REGIMES, HAZARD_REGIMES, REGIMES
+from pcpcheck_spec.registry import GATHER_IDS, RELEASE_IDS
 
 __all__ = ["main", "parse", "run_check", "UsageError", "LoadError", "CheckerError",
            "EXIT_HOLDS", "EXIT_VIOLATION", "EXIT_USAGE"]

@@ -15,8 +15,8 @@ from pcpcheck.cases import cases, describe
 from pcpcheck.check import Observation, incomplete
 from pcpcheck.backends import make_backend
 from pcpcheck.check import run_case
-from spec.invariants import INCOMPLETE
-from spec.names import DEFAULT_REGIMES
+from pcpcheck_spec.invariants import INCOMPLETE
+from pcpcheck_spec.names import DEFAULT_REGIMES
 
 EXIT_SAME, EXIT_DIFFERENT = 0, 1
 

@@ -28,7 +28,7 @@ from hypothesis.database import ExampleDatabase, choices_to_bytes
 
 from pcpcheck.cases import Case, cases, draw_case, smaller
 from pcpcheck.check import Observation, run_case, run_cases
-from spec.registry import IDS
+from pcpcheck_spec.registry import IDS
 
 
 class InvariantViolated(Exception):

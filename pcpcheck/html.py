@@ -14,7 +14,7 @@ import os
 
 from pcpcheck.cases import describe
 from pcpcheck.report import label
-from spec.registry import GATHER_IDS as IDS
+from pcpcheck_spec.registry import GATHER_IDS as IDS
 
 BANNER = "#c8102e"  # the violated invariant's banner: tests look for this colour in a screenshot
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from spec.registry import GATHER_IDS as IDS
+from pcpcheck_spec.registry import GATHER_IDS as IDS
 
 
 def junit_xml(result) -> str:

@@ -2,7 +2,7 @@
 
 `load_target(target, function=None) -> Target` accepts:
 
-- `None` or `"impl"`: the bundled torch implementation, `impl.gather_prefill_cache_inputs`.
+- `None` or `"impl"`: the bundled torch implementation, `pcpcheck_impl.gather_prefill_cache_inputs`.
 - a path to a Python file (a vLLM checkout's `vllm/v1/attention/ops/pcp.py`, a fork's copy, a zoo
   file): executed as a fresh module under a unique name, with stand-ins for every `vllm` import.
 - `module:function` or `module` (e.g. `tests.zoo.correct:_gather_prefill_cache_inputs`): the
@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pcpcheck import rankctx
-from spec.names import PAD_SLOT_ID
+from pcpcheck_spec.names import PAD_SLOT_ID
 
 DEFAULT_FUNCTIONS = ("_gather_prefill_cache_inputs", "gather_prefill_cache_inputs")
 STANDIN_ROOT = "vllm"
@@ -504,7 +504,7 @@ def _package_from_path(path: Path) -> str:
 
 def _load_impl(function: str | None) -> Target:
     try:
-        impl = importlib.import_module("impl")
+        impl = importlib.import_module("pcpcheck_impl")
     except Exception as exc:  # noqa: BLE001
         raise LoadError(f"cannot import the bundled implementation (impl): {_one_line(exc)}") from None
     return _make_target(impl, function, "impl", "impl", None, "impl")

@@ -97,8 +97,8 @@ class TargetCollector(pytest.Collector):
         self._error: str | None = None
 
     def collect(self):
-        from spec.names import DEFAULT_REGIMES
-        from spec.registry import GATHER_IDS as IDS
+        from pcpcheck_spec.names import DEFAULT_REGIMES
+        from pcpcheck_spec.registry import GATHER_IDS as IDS
         regimes = tuple(dict.fromkeys(self.config.getoption("pcp_regime"))) or DEFAULT_REGIMES
         for regime in regimes:
             for invariant in IDS:

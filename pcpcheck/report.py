@@ -6,8 +6,8 @@ import shlex
 
 from pcpcheck.cases import describe
 from pcpcheck.check import Observation
-from spec.names import DCP, HAZARD_REGIMES, NO_ROW
-from spec.registry import GATHER_IDS
+from pcpcheck_spec.names import DCP, HAZARD_REGIMES, NO_ROW
+from pcpcheck_spec.registry import GATHER_IDS
 
 
 def label(value: int) -> str:

@@ -21,7 +21,7 @@ import torch
 from greenlet import greenlet
 
 from pcpcheck.rankctx import bound_group
-from spec.invariants import INCOMPLETE  # not wire's copy: pcpcheck.backends imports this module
+from pcpcheck_spec.invariants import INCOMPLETE  # not wire's copy: pcpcheck.backends imports this module
 
 # rank states reported through on_switch's host (pcpcheck.backends.worker.Status)
 NOT_STARTED, RUNNING, WAITING, FINISHED = 0, 1, 2, 3

@@ -4,9 +4,9 @@ An independent statement of pcp-semantics sections 2-5: imports only the vocabul
 spec.names, never spec/ logic, impl/ or pcpcheck/.
 """
 
-from reference.cache import expected_caches, write_cache
-from reference.gather import branch, gather
-from reference.layout import (ERA_CURRENT, ERA_V026, ERAS, Layout, dcp_size, expand_slot_mapping,
+from .cache import expected_caches, write_cache
+from .gather import branch, gather
+from .layout import (ERA_CURRENT, ERA_V026, ERAS, Layout, dcp_size, expand_slot_mapping,
                               global_slot_maps, global_slots, hidden_restore_index, layout, replicated_requests)
 
 __all__ = [

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from spec.names import Batch
-from reference.layout import _all_global_slots, dcp_size
+from pcpcheck_spec.names import Batch
+from .layout import _all_global_slots, dcp_size
 
 
 def write_cache(cache: np.ndarray, rows, slots) -> None:

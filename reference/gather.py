@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spec.names import (
+from pcpcheck_spec.names import (
     BRANCH_ALL_DECODE,
     BRANCH_MIXED,
     BRANCH_NO_DECODE,

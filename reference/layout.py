@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spec.names import (
+from pcpcheck_spec.names import (
     DCP,
     DRAFT,
     DRAFT_MIXED,

@@ -9,7 +9,7 @@ Each predicate returns True when the invariant holds.
 
 from __future__ import annotations
 
-from spec.names import NO_ROW
+from .names import NO_ROW
 
 INCOMPLETE = "incomplete"  # trace entry of a rank whose collective or call never completed
 

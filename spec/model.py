@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spec.names import (
+from .names import (
     BRANCH_ALL_DECODE,
     BRANCH_MIXED,
     BRANCH_NO_DECODE,

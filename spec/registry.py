@@ -14,8 +14,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from spec import invariants as inv
-from spec.names import (COLLECTIVE, DCP, LAYOUT, LENGTH, NO_MUTATION, PAD_HYGIENE, PAIRING,
+from . import invariants as inv
+from .names import (COLLECTIVE, DCP, LAYOUT, LENGTH, NO_MUTATION, PAD_HYGIENE, PAIRING,
                         REGIMES, REPLICA, REPLICATED, RETURNS, SHARD, SHARDED, UNIQUE)
 
 # Scopes: what one evaluation of the predicate covers.

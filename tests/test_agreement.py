@@ -13,14 +13,14 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-import impl
-import reference
-import spec.invariants as inv
-from spec import model
+import pcpcheck_impl as impl
+import pcpcheck_reference as reference
+import pcpcheck_spec.invariants as inv
+from pcpcheck_spec import model
 from pcpcheck.cases import as_bytes, cases
 from pcpcheck.check import blank_cache, cache_labels, decode_rows, prepare
 from pcpcheck.rankctx import current_group
-from spec.names import LENGTH, PAD_HYGIENE, PAIRING, REGIMES, REPLICA, SHARD, UNIQUE
+from pcpcheck_spec.names import LENGTH, PAD_HYGIENE, PAIRING, REGIMES, REPLICA, SHARD, UNIQUE
 
 
 def _classify(case) -> None:

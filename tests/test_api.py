@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-import impl
+import pcpcheck_impl as impl
 import pcpcheck
 from pcpcheck import cli
 from pcpcheck.baseline import parse_baseline
 from pcpcheck.diff import diff
 from pcpcheck.progress import LinePrinter
-from spec.names import DRAFT_MIXED, REPLICA, REPLICATED, SHARD, SHARDED
-from spec.registry import GATHER_IDS as IDS  # `pcpcheck check`'s IDs (LAYOUT: pcpcheck vllm)
+from pcpcheck_spec.names import DRAFT_MIXED, REPLICA, REPLICATED, SHARD, SHARDED
+from pcpcheck_spec.registry import GATHER_IDS as IDS  # `pcpcheck check`'s IDs (LAYOUT: pcpcheck vllm)
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / "tests" / "zoo"
@@ -120,7 +120,7 @@ def test_a_release_result_follows_the_documented_schema_and_round_trips():
 
 def test_a_callable_target_is_checked_by_its_importable_name():
     result = pcpcheck.check(impl.gather_prefill_cache_inputs, regimes=(REPLICATED,), max_examples=20)
-    assert result.holds and result.target == "impl.gather:gather_prefill_cache_inputs"
+    assert result.holds and result.target == "pcpcheck_impl.gather:gather_prefill_cache_inputs"
     with pytest.raises(pcpcheck.UsageError, match="module-level function importable by name"):
         pcpcheck.check(lambda tensors, slots, nd: None)
 

@@ -21,9 +21,9 @@ from crosshair.core_and_libs import AnalysisKind, MessageType, analyze_function,
 from crosshair.options import AnalysisOptionSet
 
 from pcpcheck.cases import kernel_decode_tokens
-from spec import invariants as inv
-from spec import model
-from spec.names import (
+from pcpcheck_spec import invariants as inv
+from pcpcheck_spec import model
+from pcpcheck_spec.names import (
     BRANCH_MIXED,
     BRANCH_NO_DECODE,
     BRANCH_SHARDED,

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from pcpcheck.cli import main
-from spec.names import COLLECTIVE, LENGTH, NO_MUTATION, PAD_HYGIENE, REPLICA, RETURNS
+from pcpcheck_spec.names import COLLECTIVE, LENGTH, NO_MUTATION, PAD_HYGIENE, REPLICA, RETURNS
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = ROOT / "tests" / "hostile"

@@ -16,7 +16,7 @@ import pytest
 from pcpcheck.api import check
 from pcpcheck.cli import main
 from pcpcheck.html import BANNER, write_html
-from spec.names import REPLICA, SHARDED
+from pcpcheck_spec.names import REPLICA, SHARDED
 
 ZOO = Path(__file__).parent / "zoo"
 WIDTH, HEIGHT = 1200, 900

@@ -18,7 +18,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from impl import (
+from pcpcheck_impl import (
     ProcessGroupAdapter,
     gather_indexer_cache_inputs,
     gather_mla_cache_inputs,

@@ -27,10 +27,10 @@ import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-import impl
-import impl.gather as impl_gather
-import reference
-from impl import (
+import pcpcheck_impl as impl
+import pcpcheck_impl.gather as impl_gather
+import pcpcheck_reference as reference
+from pcpcheck_impl import (
     check_expanded_index_fits,
     gather_indexer_cache_inputs,
     gather_mla_cache_inputs,

@@ -11,8 +11,8 @@ import tomllib
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from spec.names import DCP, DRAFT_MIXED, HAZARD_REGIMES, REPLICA, SHARD, SHARDED
-from spec.registry import GATHER_IDS as IDS  # `pcpcheck check`'s IDs (LAYOUT: pcpcheck vllm)
+from pcpcheck_spec.names import DCP, DRAFT_MIXED, HAZARD_REGIMES, REPLICA, SHARD, SHARDED
+from pcpcheck_spec.registry import GATHER_IDS as IDS  # `pcpcheck check`'s IDs (LAYOUT: pcpcheck vllm)
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / "tests" / "zoo"

@@ -26,7 +26,7 @@ from pcpcheck.cases import Case  # noqa: E402
 from pcpcheck.check import run_case, run_cases  # noqa: E402
 from pcpcheck.engine import search  # noqa: E402
 from pcpcheck.loader import LoadError  # noqa: E402
-from spec.names import COLLECTIVE, REGIMES, REPLICA  # noqa: E402
+from pcpcheck_spec.names import COLLECTIVE, REGIMES, REPLICA  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO_BUG = ROOT / "tests" / "zoo" / "bug04_truncated_slots.py"
@@ -120,7 +120,7 @@ def test_the_driver_never_imports_the_target(threads, tmp_path):
     # At import, the target makes every predicate hold and marks the process it runs in.
     path = _target(tmp_path, "forger", top="""
         import builtins, sys
-        import spec.invariants as inv
+        import pcpcheck_spec.invariants as inv
         for name in ("replica", "shard", "returns", "collective_agreement"):
             setattr(inv, name, lambda *args, **kwargs: True)
         builtins.PCPCHECK_TARGET_WAS_HERE = True

@@ -9,8 +9,8 @@ import re
 import sys
 from pathlib import Path
 
-from spec.names import DEFAULT_REGIMES, PRECONDITIONS, REGIMES
-from spec.registry import GATHER_IDS, IDS, REGISTRY, applicable
+from pcpcheck_spec.names import DEFAULT_REGIMES, PRECONDITIONS, REGIMES
+from pcpcheck_spec.registry import GATHER_IDS, IDS, REGISTRY, applicable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,19 +53,22 @@ def test_ci_runs_the_readme_test_command():
     assert "pip install torch==2.13.0 -e . && pcpcheck" in readme
 
 
+# Each statement's folder and the name it installs under (pyproject.toml's package-dir).
+IMPORT_NAME = {"spec": "pcpcheck_spec", "reference": "pcpcheck_reference", "impl": "pcpcheck_impl"}
 # What each statement may import besides the standard library and itself: names, never logic.
 ALLOWED = {
-    "spec": ("spec",),
-    "reference": ("reference", "numpy", "spec.names"),
-    "impl": ("impl", "torch", "spec.names"),
+    "spec": ("pcpcheck_spec",),
+    "reference": ("pcpcheck_reference", "numpy", "pcpcheck_spec.names"),
+    "impl": ("pcpcheck_impl", "torch", "pcpcheck_spec.names"),
 }
 DYNAMIC = ("importlib", "__import__")  # imports the name-level check could not see
 
 
 def _imported_names(path: Path, package: str) -> set[str]:
-    """Every imported name, fully qualified (`from spec import model` -> spec.model), plus
-    'importlib' or '__import__' wherever either is used."""
-    module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    """Every imported name, fully qualified (`from pcpcheck_spec import model` ->
+    pcpcheck_spec.model), plus 'importlib' or '__import__' wherever either is used."""
+    folder, *rest = path.relative_to(ROOT).with_suffix("").parts
+    module = ".".join([IMPORT_NAME[folder], *rest])
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -120,8 +123,10 @@ def _is_dataclass(decorator) -> bool:
 
 def test_independence_check_sees_every_form_of_import(tmp_path, monkeypatch):
     """The check itself can fail: each hidden way of borrowing logic is caught."""
-    for line in ("from spec import model", "import spec.invariants", "from spec.registry import IDS",
-                 "import importlib", "x = __import__('spec.model')", "from .. import impl"):
+    for line in ("from pcpcheck_spec import model", "import pcpcheck_spec.invariants",
+                 "from pcpcheck_spec.registry import IDS", "import importlib",
+                 "x = __import__('pcpcheck_spec.model')", "from .. import impl",
+                 "from spec import names", "import reference"):
         (tmp_path / "reference").mkdir(exist_ok=True)
         (tmp_path / "reference" / "leak.py").write_text(line + "\n")
         monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
@@ -132,10 +137,12 @@ def test_every_module_imports_first_in_a_fresh_interpreter():
     """No import cycle waits on the order a process happens to import modules in (torch stays
     loaded between imports: only the project's modules are fresh for each)."""
     import subprocess
-    packages = ("pcpcheck", "spec", "reference", "impl")
-    modules = sorted(".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-                     for package in packages for path in (ROOT / package).rglob("*.py")
-                     if path.name != "__main__.py")
+    names = {"pcpcheck": "pcpcheck", **IMPORT_NAME}
+    packages = tuple(names.values())
+    modules = sorted(".".join([names[folder], *rest]).removesuffix(".__init__")
+                     for folder in names for path in (ROOT / folder).rglob("*.py")
+                     if path.name != "__main__.py"
+                     for _, *rest in [path.relative_to(ROOT).with_suffix("").parts])
     script = f"""
 import importlib, sys, torch
 failed = []

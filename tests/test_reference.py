@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import reference as R
-from spec.model import pad_label  # the spec's statement of the label, to hold reference to
-from spec.names import (
+import pcpcheck_reference as R
+from pcpcheck_spec.model import pad_label  # the spec's statement of the label, to hold reference to
+from pcpcheck_spec.names import (
     DCP,
     DRAFT,
     DRAFT_MIXED,

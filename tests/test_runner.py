@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-import spec.invariants as inv
+import pcpcheck_spec.invariants as inv
 from pcpcheck.backends import wire
 from pcpcheck.rankctx import current_group
 from pcpcheck.runner import FINISHED, RUNNING, WAITING, ThreadRunner

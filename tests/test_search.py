@@ -17,7 +17,7 @@ from pcpcheck.backends import make_backend
 from pcpcheck.cases import TENSOR_SPECS, as_tensor, cases, describe, draw_case, row_content
 from pcpcheck.check import decode_rows, run_cases
 from pcpcheck.engine import _Stored, search
-from spec.names import NO_ROW, REGIMES, REPLICA, SHARDED
+from pcpcheck_spec.names import NO_ROW, REGIMES, REPLICA, SHARDED
 
 ZOO = Path(__file__).parent / "zoo"
 

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from spec import invariants as inv
-from spec import model
-from spec.model import pad_label
-from spec.registry import Step, applicable, evaluate
-from spec.names import (
+from pcpcheck_spec import invariants as inv
+from pcpcheck_spec import model
+from pcpcheck_spec.model import pad_label
+from pcpcheck_spec.registry import Step, applicable, evaluate
+from pcpcheck_spec.names import (
     BRANCH_ALL_DECODE,
     BRANCH_MIXED,
     BRANCH_NO_DECODE,

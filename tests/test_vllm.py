@@ -20,9 +20,9 @@ from pcpcheck.cases import Case, TensorSpec
 from pcpcheck.cli import main
 from pcpcheck.vllm.release import InterfaceDrift
 from pcpcheck.vllm.source import GATHERS, MANAGER, SourceError, fetch_release
-from spec.names import (DCP, DRAFT, DRAFT_MIXED, LAYOUT, REPLICATED, RETURNS, SHARDED, Batch,
+from pcpcheck_spec.names import (DCP, DRAFT, DRAFT_MIXED, LAYOUT, REPLICATED, RETURNS, SHARDED, Batch,
                         Request)
-from spec.registry import GATHER_IDS, RELEASE, pairs
+from pcpcheck_spec.registry import GATHER_IDS, RELEASE, pairs
 
 VLLMLIKE = Path(__file__).parent / "vllmlike"
 RELEASE_TREE = VLLMLIKE / "release"

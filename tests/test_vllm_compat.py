@@ -30,7 +30,7 @@ import zipfile
 import pytest
 import torch
 
-from impl import (
+from pcpcheck_impl import (
     gather_indexer_cache_inputs,
     gather_mla_cache_inputs,
     gather_prefill_cache_inputs,

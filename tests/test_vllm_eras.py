@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-import reference
+import pcpcheck_reference as reference
 from pcpcheck.vllm.layout import reference_view, release_order
-from spec.names import DCP, REPLICATED, SHARDED, Batch, Request
+from pcpcheck_spec.names import DCP, REPLICATED, SHARDED, Batch, Request
 
 OLD, NEW = reference.ERA_V026, reference.ERA_CURRENT
 

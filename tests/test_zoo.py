@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-import reference
+import pcpcheck_reference as reference
 from pcpcheck.cases import TENSOR_SPECS, Case, TensorSpec, cases, kernel_decode_tokens, smaller
 from pcpcheck.backends import make_backend
 from pcpcheck.check import run_case
 from pcpcheck.cli import main
 from pcpcheck.engine import _reduced
-from spec.names import (COLLECTIVE, DCP, DEFAULT_REGIMES, DRAFT, DRAFT_MIXED, HAZARD_REGIMES,
+from pcpcheck_spec.names import (COLLECTIVE, DCP, DEFAULT_REGIMES, DRAFT, DRAFT_MIXED, HAZARD_REGIMES,
                         PAD_HYGIENE, REGIMES, REPLICA, REPLICATED, RETURNS, SHARDED, UNIQUE, Batch,
                         Request)
-from spec.registry import GATHER, pairs
+from pcpcheck_spec.registry import GATHER, pairs
 
 ZOO = Path(__file__).parent / "zoo"
 MAX_EXAMPLES = "300"

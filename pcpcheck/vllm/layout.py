@@ -17,8 +17,8 @@ import dataclasses
 import numpy as np
 import torch
 
-import reference
-from spec.names import DCP, PAD_SLOT_ID, SHARDED, Batch
+import pcpcheck_reference as reference
+from pcpcheck_spec.names import DCP, PAD_SLOT_ID, SHARDED, Batch
 
 # The second KV-cache group's map: the first group's slots moved by this many (a second block
 # table), so the 2-D path of `_convert_to_gathered_slot_mappings` is exercised per row.

@@ -25,8 +25,8 @@ import torch
 
 from pcpcheck.loader import LoadError, StandInSpace, _make_target, exec_source
 from pcpcheck.vllm.source import GATHERS, MANAGER, Source, from_spec, resolve
-from reference import ERA_CURRENT, ERA_V026
-from spec.names import DCP, DRAFT, DRAFT_MIXED, REPLICATED, SHARDED
+from pcpcheck_reference import ERA_CURRENT, ERA_V026
+from pcpcheck_spec.names import DCP, DRAFT, DRAFT_MIXED, REPLICATED, SHARDED
 
 MLA_WRAPPER = "maybe_gather_mla_latent_cache_inputs"
 INDEXER_WRAPPER = "maybe_gather_indexer_k"
@@ -270,7 +270,7 @@ def _probe(release: Release) -> None:
     """Lay one small step out with rank 0's manager: an internal it lacks (a segment field, an
     attribute the layout sets) is interface drift, named in one line, not a verdict per case."""
     from pcpcheck.vllm.layout import manager_view
-    from spec.names import Batch, Request
+    from pcpcheck_spec.names import Batch, Request
     step = Batch(REPLICATED, 2, (Request(1, False, 0, (0,)), Request(5, True, 0, (1,))), 16)
     try:
         manager_view(release, step, 0)

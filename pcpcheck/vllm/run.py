@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-import reference
+import pcpcheck_reference as reference
 from pcpcheck.cases import Case, as_tensor, row_content
 from pcpcheck.backends.base import ReleaseInfo, ReleaseStep
 from pcpcheck.check import Observation, Prepared, RankView, Violation, judge, observe
@@ -25,9 +25,9 @@ from pcpcheck.runner import CollectiveAborted, RankOutcome
 from pcpcheck.vllm.layout import differences, expected_view, manager_view
 from pcpcheck.vllm.release import (INDEXER_WRAPPER, MLA_WRAPPER, Capabilities, Release,
                                    release_from_spec)
-from spec.model import pad_label
-from spec.names import DRAFT, DRAFT_REGIMES, LAYOUT, RETURNS, SHARDED
-from spec.registry import BY_ID
+from pcpcheck_spec.model import pad_label
+from pcpcheck_spec.names import DRAFT, DRAFT_REGIMES, LAYOUT, RETURNS, SHARDED
+from pcpcheck_spec.registry import BY_ID
 
 # Which entry a case drives, by its tensor count: the indexer wrapper carries k, the MLA wrapper
 # (kv_c_normed, k_pe), and three tensors go to the gather itself.

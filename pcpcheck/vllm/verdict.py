@@ -18,7 +18,7 @@ from pcpcheck.cases import Case
 from pcpcheck.engine import RegimeResult, search
 from pcpcheck.vllm.run import (ReleaseObservation, capabilities, era_case,  # noqa: F401
                                observe_release_case)
-from spec.names import LAYOUT
+from pcpcheck_spec.names import LAYOUT
 
 
 def run_release_cases(cases, release: ReleaseInfo, backend):

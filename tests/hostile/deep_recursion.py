@@ -7,7 +7,7 @@ A rank that dies gets COLLECTIVE naming rank 1, exit code 1: the checker itself 
 
 import sys
 
-from impl import gather_prefill_cache_inputs
+from pcpcheck_impl import gather_prefill_cache_inputs
 from vllm.distributed.parallel_state import get_pcp_group
 
 

@@ -6,7 +6,7 @@ A rank that never returns gets COLLECTIVE naming rank 1 (and exit code 1), not a
 
 import os
 
-from impl import gather_prefill_cache_inputs
+from pcpcheck_impl import gather_prefill_cache_inputs
 from vllm.distributed.parallel_state import get_pcp_group
 
 

@@ -10,7 +10,7 @@ random, one in two (os.urandom).
 
 import os
 
-from impl import gather_prefill_cache_inputs
+from pcpcheck_impl import gather_prefill_cache_inputs
 from vllm.distributed.parallel_state import get_pcp_group
 
 

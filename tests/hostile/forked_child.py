@@ -8,7 +8,7 @@ writes its pid into the folder PCPCHECK_HOSTILE_DIR names (`child-PID`), so the 
 import os
 import time
 
-from impl import gather_prefill_cache_inputs
+from pcpcheck_impl import gather_prefill_cache_inputs
 from vllm.distributed.parallel_state import get_pcp_group
 
 _forked = []

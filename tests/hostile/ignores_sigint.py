@@ -9,7 +9,7 @@ import os
 import signal
 import time
 
-from impl import gather_prefill_cache_inputs
+from pcpcheck_impl import gather_prefill_cache_inputs
 from vllm.distributed.parallel_state import get_pcp_group
 
 signal.signal(signal.SIGINT, signal.SIG_IGN)

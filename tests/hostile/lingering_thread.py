@@ -6,7 +6,7 @@ Correct: every invariant holds (exit 0), and pcpcheck exits right after its repo
 
 import threading
 
-from impl import gather_prefill_cache_inputs
+from pcpcheck_impl import gather_prefill_cache_inputs
 from vllm.distributed.parallel_state import get_pcp_group
 
 threading.Thread(target=threading.Event().wait, name="hostile-forever", daemon=False).start()

@@ -6,7 +6,7 @@ expects a cache entry. pcpcheck must read the storage, never ask the returned ob
 """
 
 import torch
-from impl import gather_prefill_cache_inputs
+from pcpcheck_impl import gather_prefill_cache_inputs
 from vllm.distributed.parallel_state import get_pcp_group
 
 

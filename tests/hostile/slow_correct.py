@@ -9,7 +9,7 @@ anywhere near its limit, even where the ranks run one after another (8 x 0.7 s =
 import os
 import time
 
-from impl import gather_prefill_cache_inputs
+from pcpcheck_impl import gather_prefill_cache_inputs
 from vllm.distributed.parallel_state import get_pcp_group
 
 
