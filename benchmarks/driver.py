@@ -17,15 +17,15 @@ import os
 import time
 
 from benchmarks.throughput import drawn_cases
-from pcpcheck.check import judge, observe, prepare
+from pcpcheck.judge import judge, observe, prepare
 from pcpcheck.backends import make_backend
 
 
 def forget_batches() -> None:
     """Each repeat sees every case afresh: prepare keeps what it derives per batch (a batch drawn
     again within the cases is a hit, as in a search; one seen in an earlier repeat must not be)."""
-    check = importlib.import_module("pcpcheck.check")  # `pcpcheck.check` is also a function
-    clear = getattr(getattr(check, "_kept_plan", None), "cache_clear", None)  # absent before the cache existed
+    module = importlib.import_module("pcpcheck.judge")
+    clear = getattr(getattr(module, "_kept_plan", None), "cache_clear", None)  # absent before the cache existed
     if clear:
         clear()
 

@@ -19,7 +19,7 @@ import time
 
 from pcpcheck.backends import make_backend
 from pcpcheck.cases import draw_case
-from pcpcheck.check import run_case, run_cases
+from pcpcheck.judge import run_case, run_cases
 from pcpcheck.engine import search
 from pcpcheck_spec.names import REGIMES
 

@@ -9,24 +9,23 @@ The public surface is what this module exports; everything else may move. Names 
 use, so importing the package (as pytest does for the plugin) costs nothing.
 """
 
-import sys
-import types
-
 _EXPORTS = {
     "check": "pcpcheck.api",
-    "replay": "pcpcheck.api",
     "check_release": "pcpcheck.api",
-    "ReleaseRecord": "pcpcheck.api",
-    "diff": "pcpcheck.diff",
-    "CheckResult": "pcpcheck.api",
-    "Counterexample": "pcpcheck.api",
-    "RegimeSummary": "pcpcheck.api",
-    "Verdict": "pcpcheck.api",
-    "DiffResult": "pcpcheck.diff",
-    "UsageError": "pcpcheck.api",
-    "LoadError": "pcpcheck.loader",
-    "CheckerError": "pcpcheck.engine",
-    "WorkerError": "pcpcheck.backends.base",
+    "diff": "pcpcheck.api",
+    "replay": "pcpcheck.api",
+    "CheckResult": "pcpcheck.results",
+    "Counterexample": "pcpcheck.results",
+    "RegimeSummary": "pcpcheck.results",
+    "ReleaseRecord": "pcpcheck.results",
+    "DiffResult": "pcpcheck.results",
+    "Verdict": "pcpcheck.results",
+    "UsageError": "pcpcheck.shared.errors",
+    "LoadError": "pcpcheck.shared.errors",
+    "SourceError": "pcpcheck.shared.errors",
+    "InterfaceDrift": "pcpcheck.shared.errors",
+    "CheckerError": "pcpcheck.shared.errors",
+    "WorkerError": "pcpcheck.shared.errors",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -44,21 +43,3 @@ def __getattr__(name: str):
 def __dir__():
     return sorted(set(globals()) | set(__all__))
 
-
-class _Package(type(sys.modules[__name__])):
-    """`pcpcheck.check` is the API function, although a submodule `pcpcheck.check` (the judging
-    of one case) exists: importing that submodule would bind the package attribute to it, so
-    the attribute ignores that binding. The submodule stays importable by its full name
-    (`from pcpcheck.check import Observation`)."""
-
-    @property
-    def check(self):
-        return __getattr__("check")
-
-    @check.setter
-    def check(self, value):
-        if not isinstance(value, types.ModuleType):
-            globals()["check"] = value
-
-
-sys.modules[__name__].__class__ = _Package

@@ -1,11 +1,12 @@
-"""pcpcheck's Python API: `check` a target in every regime, `replay` one case.
+"""pcpcheck's Python API, the one face every other face calls: `check` a target in every regime,
+`check_release` a vLLM release's own PCP path, `diff` two versions, `replay` one case.
 
     result = pcpcheck.check("path/to/pcp.py", regimes=("sharded",), budget_s=60)
     result.holds, result.exit_code, result.counterexamples, result.to_json()
 
-The command line (`pcpcheck.cli`) and the pytest plugin are thin layers over `check`.
-A CheckResult is immutable and round-trips through JSON (`docs/json-schema.md`); the live
-`Observation` of each counterexample (for `--html`) rides along in memory only.
+The command line (`pcpcheck.cli`), the pytest plugin and torchrun's rank entry parse their
+arguments, call these functions and render what they return (`pcpcheck.results`: the report,
+JSON, JUnit, HTML and reproducers are renderings of a result).
 """
 
 from __future__ import annotations
@@ -14,259 +15,66 @@ import importlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 
-from pcpcheck import report
-from pcpcheck.baseline import Baseline, load_baseline
-from pcpcheck.cases import Case
+from pcpcheck import assemble, report
 from pcpcheck.backends import BACKENDS, make_backend
-from pcpcheck.backends.base import WorkerError
-from pcpcheck.check import run_case
-from pcpcheck.engine import CheckerError, RegimeResult, Replays, search
-from pcpcheck.loader import LoadError
-from pcpcheck_spec.names import DEFAULT_REGIMES, HAZARD_REGIMES, REGIMES, SHARDED
-from pcpcheck_spec.registry import IDS
+from pcpcheck.baseline import Baseline, load_baseline
+from pcpcheck.cases import parse_case
+from pcpcheck.judge import run_case
+from pcpcheck.compare import DIFFERENT, run_pairs
+from pcpcheck.engine import RegimeResult, Replays, search
+from pcpcheck.jobs import budget_share, search_in_parallel
+from pcpcheck.results import (DEFAULT_MAX_EXAMPLES, DEFAULT_RELEASE_EXAMPLES, CheckResult,
+                              Counterexample, DiffResult, Options, RegimeDiff, RegimeSummary,
+                              ReleaseRecord, Verdict, version)
+from pcpcheck.shared.case import Case
+from pcpcheck.shared.errors import (CheckerError, InterfaceDrift, LoadError, SourceError,
+                                    UsageError, WorkerError)
+from pcpcheck.shared.messages import RELEASE
+from pcpcheck_spec.names import DEFAULT_REGIMES, REGIMES, SHARDED
 
-SCHEMA_VERSION = 1
-DEFAULT_MAX_EXAMPLES = 3000
-EXIT_HOLDS, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
-DEFAULT_RELEASE_EXAMPLES = 1000  # steps per regime of `pcpcheck vllm` (each runs a release's manager)
 NO_SHARD_FLAG = ("the gather has no shard_decode_requests parameter: decodes are never sharded "
                  "in its era (vLLM before 0.32)")
 
 
-class UsageError(ValueError):
-    """Bad options: one line (the CLI exits 2)."""
+# --- for a command: the process it runs in ------------------------------------------------------
+
+def prefork() -> None:
+    """Start this process's fork server now, as a fork of it (pcpcheck.backends.forkserver):
+    for a command's own process, at its start, before it runs a thread or a torch op."""
+    from pcpcheck.backends.pool import FORK_SERVER
+    FORK_SERVER.prefork()
 
 
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
+def use_cache_dir() -> None:
+    """Hypothesis's files (its constants cache, any database) go to $XDG_CACHE_HOME/pcpcheck,
+    never the caller's working directory. Commands only: the API leaves a host suite's alone."""
+    from hypothesis.configuration import set_hypothesis_home_dir
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    set_hypothesis_home_dir(os.path.join(base, "pcpcheck", "hypothesis"))
+
+
+def torchrun_session(backend: str, timeout: float):
+    """This torchrun process's part of a check (pcpcheck.backends.torchrun.Session): gloo or
+    nccl as asked, else nccl where CUDA is, gloo elsewhere."""
+    from pcpcheck.backends.torchrun import Session
+    if backend not in ("gloo", "nccl"):
+        import torch
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    return Session(backend, timeout)
+
+
+def read_case(text: str) -> Case:
+    """A case given from outside (a replay line, a reproducer): UsageError (one line) unless it
+    is well formed."""
     try:
-        return dist_version("pcpcheck")
-    except PackageNotFoundError:
-        return "unknown"
+        return parse_case(text)
+    except ValueError as exc:
+        raise UsageError(f"not a well-formed case: {exc}") from None
 
 
-# --- the result ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Options:
-    regimes: tuple[str, ...]
-    max_examples: int
-    max_ranks: int
-    seed: int | None
-    budget_s: float | None
-    backend: str
-    world_sizes: tuple[int, ...] | None
-    device: str
-    timeout: float
-    function: str | None
-    baseline: str | None
-    empty_steps: bool = False  # pcpcheck vllm: also steps with no scheduled token (a hazard)
-
-
-@dataclass(frozen=True)
-class InvariantCount:
-    invariant: str
-    checked: int  # cases on which it was evaluated
-    violated: int  # of which it failed
-
-
-@dataclass(frozen=True)
-class RegimeSummary:
-    regime: str
-    cases: int
-    seconds: float
-    check_seconds: float  # running and judging alone (drawing and shrinking excluded)
-    invariants: tuple[InvariantCount, ...]
-    budget_reached: bool  # stopped by --budget before max_examples
-    not_applicable: str | None = None  # why the target cannot reach this regime (nothing drawn)
-
-    @property
-    def checked(self) -> dict[str, int]:
-        return {c.invariant: c.checked for c in self.invariants}
-
-    @property
-    def violated(self) -> dict[str, int]:
-        return {c.invariant: c.violated for c in self.invariants if c.violated}
-
-    def count(self, invariant: str) -> InvariantCount:
-        return next((c for c in self.invariants if c.invariant == invariant),
-                    InvariantCount(invariant, 0, 0))
-
-
-@dataclass(frozen=True)
-class ViolationRecord:
-    invariant: str
-    ranks: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Counterexample:
-    regime: str
-    violations: tuple[ViolationRecord, ...]  # the first is what the case is reported under
-    case: str  # Case JSON: `pcpcheck check TARGET --replay CASE`
-    replay: str  # that command line
-    report: str  # the text report
-    known: bool  # listed in the baseline
-    hazard: bool = False  # found in a hazard regime (spec.names.HAZARD_REGIMES)
-    flaky: tuple[int, int] | None = None  # (replays, how many showed it) when not all did
-    folded_into: int | None = None  # index of the shown counterexample that also shows it
-    observation: object = field(default=None, compare=False, repr=False)  # in memory only
-
-    @property
-    def invariant(self) -> str:
-        return self.violations[0].invariant
-
-    @property
-    def ranks(self) -> tuple[int, ...]:
-        return self.violations[0].ranks
-
-
-@dataclass(frozen=True)
-class BaselineOutcome:
-    path: str
-    known: tuple[tuple[str, str], ...]  # (regime, invariant) listed and found again
-    fixed: tuple[tuple[str, str], ...]  # listed, regime checked, no longer found: shrink the file
-
-
-@dataclass(frozen=True)
-class ReleaseRecord:
-    """What `check_release` checked: a vLLM release's files, as its worker read them."""
-
-    release: str  # the version the source states
-    kind: str  # wheel | checkout | installed
-    location: str
-    files: tuple[tuple[str, str], ...]  # (path in the release, sha256) of every file read
-    adapted: tuple[str, ...]  # working stand-ins given and how pcpcheck adapted to the release
-    layout_model: str  # the reference layout era that judged it (reference.ERAS)
-    capabilities: dict = field(default_factory=dict)  # read from its code (vllm.release.Capabilities)
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    version: str
-    target: str  # as given (a path, module:function, impl)
-    target_name: str
-    stand_ins: tuple[str, ...]  # vllm names the loader stood in for
-    options: Options
-    regimes: tuple[RegimeSummary, ...]
-    counterexamples: tuple[Counterexample, ...]
-    baseline: BaselineOutcome | None = None
-    reproducers: tuple[str, ...] = ()  # files written by --repro-dir
-    schema: int = SCHEMA_VERSION
-    release: ReleaseRecord | None = None  # `pcpcheck vllm`: the release checked
-    seconds: float = 0.0  # wall clock of the whole search (regimes may run at once: --jobs)
-
-    @property
-    def new_violations(self) -> tuple[Counterexample, ...]:
-        return tuple(c for c in self.counterexamples if not c.known)
-
-    @property
-    def holds(self) -> bool:
-        """No violation outside the baseline."""
-        return not self.new_violations
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_HOLDS if self.holds else EXIT_VIOLATION
-
-    def outcome(self, regime: str, invariant: str) -> tuple[str, Counterexample | None]:
-        """One regime x invariant: ("passed" | "failed" | "known" | "n/a", its counterexample).
-        An invariant violated only alongside an earlier one cites that case."""
-        summary = next(s for s in self.regimes if s.regime == regime)
-        count = summary.count(invariant)
-        if not count.checked:
-            return "n/a", None
-        if not count.violated:
-            return "passed", None
-        cases = [c for c in self.counterexamples if c.regime == regime]
-        cited = next((c for c in cases if c.invariant == invariant), None) or next(
-            (c for c in cases if any(v.invariant == invariant for v in c.violations)), None)
-        known = cited is not None and cited.known and cited.invariant == invariant
-        return ("known" if known else "failed"), cited
-
-    @property
-    def verdict(self) -> str:
-        return "holds" if self.holds else "violated"
-
-    def verdicts(self) -> dict[str, str]:
-        """regime -> 'holds' | 'n/a: reason' | 'VIOLATED: ID, ID' (first IDs of its counterexamples)."""
-        out = {}
-        for summary in self.regimes:
-            found = [c.invariant for c in self.counterexamples if c.regime == summary.regime]
-            out[summary.regime] = (f"n/a: {summary.not_applicable}" if summary.not_applicable
-                                   else "VIOLATED: " + ", ".join(found) if found else "holds")
-        return out
-
-    def to_json(self) -> str:
-        """The document of docs/json-schema.md."""
-        return json.dumps({
-            "schema": self.schema, "tool": "pcpcheck", "version": self.version,
-            "verdict": self.verdict, "target": self.target, "target_name": self.target_name,
-            "stand_ins": list(self.stand_ins), "options": asdict(self.options),
-            "regimes": {s.regime: {
-                "cases": s.cases, "seconds": s.seconds, "check_seconds": s.check_seconds,
-                "budget_reached": s.budget_reached, "not_applicable": s.not_applicable,
-                "invariants": {c.invariant: {"checked": c.checked, "violated": c.violated}
-                               for c in s.invariants}} for s in self.regimes},
-            "counterexamples": [{
-                "regime": c.regime, "invariant": c.invariant, "ranks": list(c.ranks),
-                "violations": [{"invariant": v.invariant, "ranks": list(v.ranks)}
-                               for v in c.violations],
-                "known": c.known, "hazard": c.hazard,
-                "flaky": None if c.flaky is None else {"replays": c.flaky[0], "reproduced": c.flaky[1]},
-                "folded_into": c.folded_into, "case": json.loads(c.case), "replay": c.replay,
-                "report": c.report} for c in self.counterexamples],
-            "baseline": None if self.baseline is None else {
-                "path": self.baseline.path, "known": [list(e) for e in self.baseline.known],
-                "fixed": [list(e) for e in self.baseline.fixed]},
-            "reproducers": list(self.reproducers), "seconds": self.seconds,
-            "release": None if self.release is None else {
-                **asdict(self.release), "files": dict(self.release.files),
-                "adapted": list(self.release.adapted)},
-        }, indent=2)
-
-    @staticmethod
-    def from_json(text: str) -> "CheckResult":
-        data = json.loads(text)
-        if data.get("schema") != SCHEMA_VERSION:
-            raise ValueError(f"result schema {data.get('schema')!r}; this pcpcheck reads {SCHEMA_VERSION}")
-        options = data["options"]
-        sizes = options["world_sizes"]
-        baseline = data["baseline"]
-        return CheckResult(
-            version=data["version"], target=data["target"], target_name=data["target_name"],
-            stand_ins=tuple(data["stand_ins"]),
-            options=Options(**{**options, "regimes": tuple(options["regimes"]),
-                               "world_sizes": None if sizes is None else tuple(sizes)}),
-            regimes=tuple(RegimeSummary(
-                regime, r["cases"], r["seconds"], r["check_seconds"],
-                tuple(InvariantCount(i, c["checked"], c["violated"])
-                      for i, c in r["invariants"].items()), r["budget_reached"],
-                r.get("not_applicable"))
-                for regime, r in data["regimes"].items()),
-            counterexamples=tuple(Counterexample(
-                regime=c["regime"],
-                violations=tuple(ViolationRecord(v["invariant"], tuple(v["ranks"]))
-                                 for v in c["violations"]),
-                case=json.dumps(c["case"], separators=(",", ":")), replay=c["replay"],
-                report=c["report"], known=c["known"], hazard=c["hazard"],
-                flaky=None if c["flaky"] is None else (c["flaky"]["replays"], c["flaky"]["reproduced"]),
-                folded_into=c["folded_into"]) for c in data["counterexamples"]),
-            baseline=None if baseline is None else BaselineOutcome(
-                baseline["path"], tuple(map(tuple, baseline["known"])),
-                tuple(map(tuple, baseline["fixed"]))),
-            reproducers=tuple(data["reproducers"]), schema=data["schema"],
-            seconds=data.get("seconds", 0.0),
-            release=None if data.get("release") is None else ReleaseRecord(**{
-                **data["release"], "files": tuple(data["release"]["files"].items()),
-                "adapted": tuple(data["release"]["adapted"]),
-                "capabilities": data["release"].get("capabilities", {})}))
-
-
-# --- running ------------------------------------------------------------------------------------
+# --- options ------------------------------------------------------------------------------------
 
 def resolve_target(target) -> str:
     """A target as the loader (and a worker process) takes it: a callable becomes module:name."""
@@ -346,6 +154,8 @@ class Progress:
     def finished(self, summary: RegimeSummary) -> None: ...
 
 
+# --- check ----------------------------------------------------------------------------------------
+
 def check(target, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_MAX_EXAMPLES,
           max_ranks: int = 8, seed: int | None = None, budget_s: float | None = None,
           backend: str = "threads", baseline: str | os.PathLike | None = None,
@@ -385,13 +195,12 @@ def check(target, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_MAX_EX
                 loaded, results = _search_here(source, own, options, progress)
     else:
         loaded, results = _search_here(source, runner, options, progress)
-    return replace(_result(source, loaded, options, results, known),
+    return replace(assemble.result(source, loaded, options, results, known),
                    seconds=round(time.monotonic() - started, 3))
 
 
 def _search_here(source: str, runner, options: Options, progress: Progress):
     """The regimes searched one after another on `runner`: (target, results)."""
-    from pcpcheck.jobs import budget_share
     loaded = runner.load(source, options.function)  # in the backend's workers, never here
     progress.started(loaded, options)
     deadline = None if options.budget_s is None else time.monotonic() + options.budget_s
@@ -400,7 +209,7 @@ def _search_here(source: str, runner, options: Options, progress: Progress):
         share = budget_share(deadline, len(options.regimes) - index)
         results.append(_search_regime(loaded, runner, options, regime, share,
                                       lambda r, regime=regime: progress.case(regime, r)))
-        progress.finished(_summary(results[-1]))
+        progress.finished(assemble.summary(results[-1]))
     return loaded, results
 
 
@@ -423,8 +232,6 @@ def _search_regime(target, runner, options: Options, regime: str, deadline, on_c
 def _search_in_drivers(source: str, options: Options, jobs: int, progress: Progress):
     """The regimes searched by `jobs` driver processes at once (pcpcheck.jobs); progress lines
     in regime order, each when it and every regime before it are done."""
-    from pcpcheck.jobs import search_in_parallel
-
     def open_backend():
         runner = make_runner("threads", timeout=options.timeout, world_sizes=options.world_sizes,
                              device=options.device)
@@ -446,7 +253,7 @@ def _search_in_drivers(source: str, options: Options, jobs: int, progress: Progr
     def on_done(index, result):
         done[index] = result
         while shown[0] in done:  # in order: a later regime's line waits for the earlier ones
-            progress.finished(_summary(done[shown[0]]))
+            progress.finished(assemble.summary(done[shown[0]]))
             shown[0] += 1
 
     results = search_in_parallel(
@@ -454,50 +261,6 @@ def _search_in_drivers(source: str, options: Options, jobs: int, progress: Progr
         on_loaded=on_loaded, on_case=lambda index, r: progress.case(options.regimes[index], r),
         on_done=on_done)
     return loaded[0], results
-
-
-def _summary(result) -> RegimeSummary:
-    return RegimeSummary(result.regime, result.cases, round(result.seconds, 3),
-                         round(result.check_seconds, 3),
-                         tuple(InvariantCount(i, result.checked[i], result.violated[i])
-                               for i in IDS if i in result.checked),
-                         result.budget_reached, result.not_applicable or None)
-
-
-def _result(source: str, target, options: Options, results, baseline: Baseline,
-            describe=None, release: ReleaseRecord | None = None) -> CheckResult:
-    """`describe(regime, observation, replays) -> (replay command, report text)`: default the
-    gather's (`pcpcheck check`)."""
-    if describe is None:
-        def describe(regime, observation, replays):
-            return (report.replay_command(target.source, observation, options.function),
-                    report.counterexample(observation, regime, target.source, options.function,
-                                          target, replays))
-    shrunk = [(r.regime, o, p) for r in results for o, p in zip(r.counterexamples, r.replays)]
-    into = report.fold([(regime, o) for regime, o, _ in shrunk])
-    counterexamples = []
-    for (regime, observation, replays), host in zip(shrunk, into):
-        first = observation.violations[0].invariant
-        command, text = describe(regime, observation, replays)
-        counterexamples.append(Counterexample(
-            regime=regime,
-            violations=tuple(ViolationRecord(v.invariant, tuple(v.ranks))
-                             for v in observation.violations),
-            case=observation.prepared.case.to_json(),
-            replay=command, report=text,
-            known=(regime, first) in baseline.entries,
-            hazard=regime in HAZARD_REGIMES,
-            flaky=(replays.runs, replays.reproduced) if replays.flaky else None,
-            folded_into=host, observation=observation))
-    outcome = None
-    if options.baseline:
-        found = {(c.regime, c.invariant) for c in counterexamples}
-        outcome = BaselineOutcome(
-            options.baseline, tuple(e for e in baseline.entries if e in found),
-            tuple(e for e in baseline.entries if e not in found and e[0] in options.regimes))
-    return CheckResult(version(), source, target.name, tuple(target.stand_ins), options,
-                       tuple(_summary(r) for r in results), tuple(counterexamples), outcome,
-                       release=release)
 
 
 # --- a vLLM release ------------------------------------------------------------------------------
@@ -528,15 +291,14 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
         deadline = None if budget_s is None else time.monotonic() + budget_s
         results = []
         for index, regime in enumerate(options.regimes):
-            share = None if deadline is None else \
-                time.monotonic() + (deadline - time.monotonic()) / (len(options.regimes) - index)
+            share = budget_share(deadline, len(options.regimes) - index)
             result = search_regime(release, regime, backend, max_examples=max_examples,
                                    max_ranks=max_ranks, seed=seed, empty_steps=empty_steps,
                                    deadline=share,
                                    on_case=lambda r, regime=regime: progress.case(regime, r))
             results.append(result)
-            progress.finished(_summary(result))
-    return _result(spec["location"], release, options, results, Baseline(None, ()),
+            progress.finished(assemble.summary(result))
+    return assemble.result(spec["location"], release, options, results, Baseline(None, ()),
                    describe=lambda regime, observation, replays: (
                        replay_command(release, observation),
                        counterexample(release, regime, observation, replays)),
@@ -545,7 +307,6 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
 
 def load_release(backend, spec: dict):
     """The release loaded in the backend's worker: its ReleaseInfo (plain data)."""
-    from pcpcheck.backends.base import RELEASE
     return backend.load(json.dumps(spec, sort_keys=True), RELEASE)
 
 
@@ -558,39 +319,108 @@ def release_record(release) -> ReleaseRecord:
 
 # --- one case -----------------------------------------------------------------------------------
 
-def replay_result(args, target, observation) -> CheckResult:
-    """The CheckResult of `pcpcheck check --replay` (one case, run once), for --json."""
+def replay_case(target, case, *, function: str | None = None, backend: str = "threads",
+                timeout: float = 10.0, device: str = "cpu", runner=None) -> CheckResult:
+    """One case (a Case, or its JSON as a counterexample prints it) run once on the target and
+    judged: a CheckResult of one regime and one case, with its counterexample if it fails
+    (`pcpcheck check --replay`). runner: an already started backend (torchrun's rank 0)."""
+    if isinstance(case, str):
+        case = read_case(case)
+    source = resolve_target(target)
+    own = runner is None
+    if own:
+        runner = make_runner(backend, timeout=timeout, world_sizes=None, device=device, start=False)
+    try:
+        loaded = runner.load(source, function)  # in the backend's workers, never here
+        observation = run_case(case, loaded, runner)
+    finally:
+        if own:
+            runner.close()
+    options = Options((case.batch.regime,), 1, case.batch.pcp_size, None, None, backend, None,
+                      device, timeout, function, None)
+    return _one_case(source, loaded, observation, options)
+
+
+def replay(target, case_json: str, function: str | None = None,
+           timeout: float = 10.0) -> Verdict:
+    """Judge one case (JSON as printed by pcpcheck) against a target (run in a worker): what a
+    reproducer asks."""
+    result = replay_case(target, case_json, function=function, timeout=timeout)
+    if result.holds:
+        return Verdict(True, (), "")
+    shown = result.counterexamples[0]
+    return Verdict(False, tuple(v.invariant for v in shown.violations), shown.report)
+
+
+def replay_release(source, case, *, timeout: float = 10.0) -> CheckResult:
+    """One step (a Case, or its JSON) through a vLLM release's path on every rank, judged
+    (`pcpcheck vllm SOURCE --replay`)."""
+    from pcpcheck.vllm.source import resolve
+    from pcpcheck.vllm.verdict import counterexample, observe_release_case, replay_command
+    if isinstance(case, str):
+        case = read_case(case)
+    spec = resolve(os.fspath(source)).spec()
+    with make_runner("threads", timeout=timeout, world_sizes=None, device="cpu") as backend:
+        release = load_release(backend, spec)
+        observation = observe_release_case(case, release, backend)
+    options = Options((case.batch.regime,), 1, case.batch.pcp_size, None, None, "threads", None,
+                      "cpu", timeout, None, None)
+    return _one_case(spec["location"], release, observation, options,
+                     describe=lambda regime, observation, replays: (
+                         replay_command(release, observation),
+                         counterexample(release, regime, observation)),
+                     release=release_record(release))
+
+
+def _one_case(source: str, target, observation, options: Options, describe=None,
+              release: ReleaseRecord | None = None) -> CheckResult:
     from collections import Counter
     regime = observation.prepared.case.batch.regime
     result = RegimeResult(regime, cases=1, checked=Counter(observation.checked),
                           violated=Counter(v.invariant for v in observation.violations))
     if observation.violations:
         result.counterexamples, result.replays = [observation], [Replays(1, 1)]
-    options = Options((regime,), 1, args.max_ranks, args.seed, None, args.backend,
-                      args.world_sizes, args.device, args.timeout, args.function, None)
-    return _result(args.target, target, options, [result], Baseline(None, ()))
+    return assemble.result(source, target, options, [result], Baseline(None, ()), describe, release)
 
 
-@dataclass(frozen=True)
-class Verdict:
-    holds: bool
-    violated: tuple[str, ...]  # invariant IDs, the first is what the case is reported under
-    report: str  # the counterexample as `pcpcheck check` prints it, or "" when it holds
+# --- diff -----------------------------------------------------------------------------------------
+
+def diff(old, new, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_MAX_EXAMPLES,
+         max_ranks: int = 8, seed: int | None = None, function: str | None = None,
+         timeout: float = 10.0, on_regime=None) -> DiffResult:
+    """Run two versions on the same drawn cases: per regime, the smallest case where their
+    per-rank outcomes differ (the search of `check`, with a difference as its finding).
+    `on_regime(RegimeDiff)` as each regime ends. A regime one of them cannot reach (its era has
+    no decode sharding) is not applicable, as `check` reports it."""
+    if isinstance(regimes, str):
+        regimes = (regimes,)
+    options = Options(tuple(dict.fromkeys(regimes)), max_examples, max_ranks, seed, None,
+                      "threads", None, "cpu", timeout, function, None)
+    validate(options)
+    old_source, new_source = resolve_target(old), resolve_target(new)
+    found = []
+    with make_runner("threads", timeout=timeout, world_sizes=None, device="cpu") as runner:
+        targets = (runner.load(old_source, function), runner.load(new_source, function))
+        for regime in options.regimes:
+            lacking = [f"{side} ({t.source})" for side, t in zip(("old", "new"), targets)
+                       if regime == SHARDED and not t.accepts_shard]
+            if lacking:
+                result = RegimeDiff(regime, 0, None, "", f"{', '.join(lacking)}: {NO_SHARD_FLAG}")
+            else:
+                searched = search(targets, regime, runner, max_examples=max_examples,
+                                  max_ranks=max_ranks, derandomize=seed is None, seed=seed,
+                                  run_many=run_pairs)
+                pairs = [o for o in searched.counterexamples if o.violations[0].invariant == DIFFERENT]
+                result = RegimeDiff(regime, searched.cases, None, "") if not pairs else RegimeDiff(
+                    regime, searched.cases, pairs[0].prepared.case.to_json(),
+                    report.difference(pairs[0], regime, targets[0].source, targets[1].source))
+            found.append(result)
+            if on_regime is not None:
+                on_regime(result)
+    return DiffResult(version(), old_source, new_source, options, tuple(found))
 
 
-def replay(target, case_json: str, function: str | None = None,
-           timeout: float = 10.0) -> Verdict:
-    """Judge one case (JSON as printed by pcpcheck) against a target (run in a worker)."""
-    case = Case.from_json(case_json)
-    with make_backend("threads", timeout=timeout) as backend:
-        loaded = backend.load(resolve_target(target), function)
-        observation = run_case(case, loaded, backend)
-    violated = tuple(v.invariant for v in observation.violations)
-    text = report.counterexample(observation, case.batch.regime, loaded.source, function,
-                                 loaded) if violated else ""
-    return Verdict(not violated, violated, text)
-
-
-__all__ = ["check", "check_release", "replay", "ReleaseRecord", "CheckResult", "Counterexample", "RegimeSummary", "Options",
-           "Verdict", "UsageError", "LoadError", "CheckerError", "WorkerError", "Progress",
-           "version", "SCHEMA_VERSION"]
+__all__ = ["check", "check_release", "diff", "replay", "replay_case", "replay_release",
+           "CheckResult", "Counterexample", "DiffResult", "RegimeDiff", "RegimeSummary",
+           "ReleaseRecord", "Options", "Verdict", "Progress", "UsageError", "LoadError",
+           "SourceError", "InterfaceDrift", "CheckerError", "WorkerError", "version"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pcpcheck.shared.errors import UsageError
 from pcpcheck_spec.names import REGIMES
 from pcpcheck_spec.registry import IDS
 
@@ -38,7 +39,6 @@ def parse_baseline(text: str, path: str = "<baseline>") -> Baseline:
 
 def load_baseline(path: str) -> Baseline:
     """Raises UsageError (one line) if the file cannot be read or parsed."""
-    from pcpcheck.api import UsageError
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()

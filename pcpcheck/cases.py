@@ -1,119 +1,36 @@
-"""Cases: a scheduler step (spec.names.Batch) plus the tensors the gather carries.
+"""Drawing cases, and checking one given from outside.
 
-A case is plain data, serialisable to JSON, so that a counterexample replays without hypothesis
-(`pcpcheck check TARGET --replay CASE_JSON`) and can be shipped to other processes.
-Row content is a function of (tensor index, row label): the first four bytes hold the label
-(XOR LABEL_KEY), the rest are a hash of it, so any output row can be traced back to its input row
-bit for bit.
+One builder (`_build`) makes a well-formed case (pcpcheck.shared.case.Case) from a sequence of
+choices; hypothesis (`cases`, the strategy) and a seeded random.Random (`draw_case`) feed it.
+`parse_case` reads a case given from outside (--replay, a reproducer) and checks the spec's
+preconditions on it; `describe` is the one line a reviewer reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import math
-from dataclasses import dataclass
 
-import numpy as np
-import torch
 from hypothesis import strategies as st
 
 import pcpcheck_reference as reference
+from pcpcheck.shared.case import DTYPES, Case, TensorSpec
 from pcpcheck_spec import model
-from pcpcheck_spec.names import (DCP, DRAFT_DECODE_THRESHOLD, DRAFT_MIXED, DRAFT_REGIMES, REGIMES, Batch,
-                        Request)
-
-DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "int8": torch.int8,
-}
-if hasattr(torch, "float8_e4m3fn"):
-    DTYPES["float8_e4m3fn"] = torch.float8_e4m3fn
+from pcpcheck_spec.names import (DCP, DRAFT_DECODE_THRESHOLD, DRAFT_MIXED, DRAFT_REGIMES, REGIMES,
+                                 Batch, Request)
 
 # Trailing shapes as the callers pass them: MLA's latent (R,) and k_pe (1, R) flattened, the
 # indexer's (H,). Each row must have >= 4 bytes to carry its label.
 TRAILING_SHAPES = ((4,), (8,), (2, 4), (1, 16), (3, 2, 2))
 
 
-@dataclass(frozen=True)
-class TensorSpec:
-    trailing: tuple[int, ...]
-    dtype: str
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
-
-    @property
-    def row_bytes(self) -> int:
-        return math.prod(self.trailing) * self.torch_dtype.itemsize
-
-
 # One draw per tensor (drawing is the search's bottleneck): every trailing shape x dtype.
 TENSOR_SPECS = tuple(TensorSpec(shape, dtype) for shape in TRAILING_SHAPES for dtype in sorted(DTYPES))
 
 
-@dataclass(frozen=True)
-class Case:
-    batch: Batch
-    tensors: tuple[TensorSpec, ...] = (TensorSpec((4,), "float32"),)
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
-
-    @staticmethod
-    def from_json(text: str) -> "Case":
-        """The case a JSON text describes; ValueError (one line naming the field) for malformed
-        JSON or a case outside the spec's preconditions (`validate_case`)."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"not JSON: {exc}") from None
-        data = _fields(data, "case", ("batch", "tensors"), ())
-        batch = _fields(data["batch"], "batch", ("regime", "pcp_size", "requests"), _BATCH_OPTIONAL)
-        requests = []
-        for i, request in enumerate(_list(batch["requests"], "requests")):
-            request = _fields(request, f"request {i}", _REQUEST_FIELDS, ())
-            request["blocks"] = tuple(_list(request["blocks"], f"request {i}: blocks"))
-            requests.append(Request(**request))
-        batch["requests"] = tuple(requests)
-        tensors = []
-        for k, tensor in enumerate(_list(data["tensors"], "tensors")):
-            tensor = _fields(tensor, f"tensor {k}", ("trailing", "dtype"), ())
-            tensors.append(TensorSpec(tuple(_list(tensor["trailing"], f"tensor {k}: trailing")),
-                                      tensor["dtype"]))
-        case = Case(Batch(**batch), tuple(tensors))
-        validate_case(case)
-        return case
-
-
 # --- validation: the spec's preconditions on a case given from outside (--replay) ------------
-_REQUEST_FIELDS = ("num_tokens", "prefilling", "context_len", "blocks")
-_BATCH_OPTIONAL = ("block_size", "interleave", "graph_size", "dp_pad", "pad_slot_map",
-                   "num_decode_tokens")
 MAX_TENSORS = 8
 MAX_ROW_BYTES = 1 << 16
-
-
-def _list(value, name: str) -> list:
-    if not isinstance(value, list):
-        raise ValueError(f"{name} must be a list, got {value!r}")
-    return value
-
-
-def _fields(data, name: str, required, optional) -> dict:
-    """The fields of a JSON object, every required one present and no unknown one."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{name} must be an object, got {data!r}")
-    missing = [f for f in required if f not in data]
-    unknown = sorted(set(data) - set(required) - set(optional))
-    if missing or unknown:
-        raise ValueError(f"{name}: " + ("missing " + ", ".join(missing) if missing
-                                        else "unknown field " + ", ".join(unknown)))
-    return dict(data)
 
 
 def _whole(value, name: str, low: int, high: int | None = None) -> None:
@@ -121,6 +38,14 @@ def _whole(value, name: str, low: int, high: int | None = None) -> None:
             or (high is not None and value > high):
         bound = f"between {low} and {high}" if high is not None else f"at least {low}"
         raise ValueError(f"{name} must be a whole number {bound}, got {value!r}")
+
+
+def parse_case(text: str) -> Case:
+    """The case a JSON text describes; ValueError (one line naming the field) for malformed
+    JSON or a case outside the spec's preconditions (`validate_case`)."""
+    case = Case.from_json(text)
+    validate_case(case)
+    return case
 
 
 def validate_case(case: Case) -> None:
@@ -175,42 +100,6 @@ def validate_case(case: Case) -> None:
         model.layout(batch)  # WF_SLOTS (a block for every position), WF_LAYOUT, WF_WIDTH
     except ValueError as exc:
         raise ValueError(str(exc)) from None
-
-
-# Stored in a row's first four bytes XORed with the label: a zero-filled row (what padding often
-# is) then claims label LABEL_KEY, never a real one. Stored plainly, a zero row of 4 bytes (an
-# int8 or fp8 row of 4) was token 0's row, bit for bit: a padding bug passed for token 0.
-LABEL_KEY = 0x2B7E1516
-
-
-def row_content(labels: np.ndarray, tensor_index: int, row_bytes: int) -> np.ndarray:
-    """Bytes of the rows with these labels in tensor `tensor_index`: (n, row_bytes) uint8."""
-    labels = np.asarray(labels, dtype=np.int64)
-    out = np.empty((labels.size, row_bytes), dtype=np.uint8)
-    out[:, :4] = (labels.astype("<i4") ^ np.int32(LABEL_KEY)).view(np.uint8).reshape(-1, 4)
-    if row_bytes > 4:
-        position = np.arange(4, row_bytes, dtype=np.uint64)
-        mixed = (labels.astype(np.uint64)[:, None] * np.uint64(0x9E3779B1)
-                 + position * np.uint64(0x85EBCA6B) + np.uint64(tensor_index * 0xC2B2AE35))
-        out[:, 4:] = ((mixed ^ (mixed >> np.uint64(15))) & np.uint64(0xFF)).astype(np.uint8)
-    return out
-
-
-def as_tensor(content: np.ndarray, spec: TensorSpec) -> torch.Tensor:
-    """Rows of bytes as a tensor of the spec's dtype and trailing shape (bit-exact)."""
-    rows = content.shape[0]
-    if rows == 0:  # a zero-row byte array cannot be viewed as a wider dtype
-        return torch.empty((0, *spec.trailing), dtype=spec.torch_dtype)
-    return torch.from_numpy(np.ascontiguousarray(content)).view(spec.torch_dtype).reshape(
-        rows, *spec.trailing)
-
-
-def as_bytes(tensor: torch.Tensor) -> np.ndarray:
-    """A tensor's rows as (rows, row_bytes) uint8, for bit-exact comparison."""
-    rows = tensor.shape[0] if tensor.dim() else 1
-    row_bytes = math.prod(tensor.shape[1:]) * tensor.element_size()  # explicit: rows may be 0
-    # numpy's reshape and math.prod: torch's reshape and np.prod cost more than the rest
-    return tensor.detach().cpu().contiguous().view(torch.uint8).numpy().reshape(rows, row_bytes)
 
 
 # --- drawing cases ----------------------------------------------------------------------------
@@ -390,102 +279,3 @@ def describe(case: Case) -> str:
         extra.append(f"interleave {batch.interleave}")
     return (f"{batch.regime}, P={batch.pcp_size}, B={batch.block_size}: [" + ", ".join(parts)
             + "]" + ("; " + ", ".join(extra) if extra else ""))
-
-
-
-# --- reductions: hypothesis' shrink can stop in a local minimum (a case of 10 tokens where 7
-# show the bug); the search then tries these well-formed, strictly smaller variants greedily.
-
-def _fit_blocks(batch: Batch) -> Batch:
-    """Every request with exactly the blocks its positions need: its own blocks first, fresh
-    ones (above every block in use) when it needs more."""
-    span = batch.block_size * (batch.pcp_size if batch.regime == DCP else 1)
-    fresh = 1 + max((b for r in batch.requests for b in r.blocks), default=-1)
-    requests = []
-    for request in batch.requests:
-        needed = -(-(request.context_len + request.num_tokens) // span)
-        blocks = request.blocks[:needed]
-        extra = needed - len(blocks)
-        blocks += tuple(range(fresh, fresh + extra))
-        fresh += extra
-        requests.append(dataclasses.replace(request, blocks=blocks))
-    batch = dataclasses.replace(batch, requests=tuple(requests))
-    if batch.regime == DRAFT_MIXED:
-        batch = dataclasses.replace(batch, num_decode_tokens=kernel_decode_tokens(batch.requests))
-    return batch
-
-
-def _well_formed(batch: Batch) -> bool:
-    if batch.regime in DRAFT_REGIMES and any(r.num_tokens < 1 or r.prefilling for r in batch.requests):
-        return False
-    if batch.regime == DRAFT_MIXED and all(r.num_tokens <= DRAFT_DECODE_THRESHOLD
-                                           for r in batch.requests):
-        return False
-    if batch.regime == DCP and batch.block_size % batch.interleave:
-        return False
-    try:
-        reference.layout(batch)
-    except ValueError:
-        return False
-    return True
-
-
-def _width(batch: Batch) -> int:
-    """Rows per rank (W) of an expanded step."""
-    return int(reference.layout(batch).width)
-
-
-def smaller(case: Case):
-    """Well-formed cases strictly smaller than `case`, most reducing first: fewer ranks, requests,
-    tokens (also at the same width W, graph padding keeping the rows a bug needs), context,
-    padding, tensors, a smaller block size; never a wider rank (W)."""
-    batch = case.batch
-    candidates = []
-    if batch.pcp_size > 2:
-        candidates.append(dataclasses.replace(batch, pcp_size=batch.pcp_size - 1))
-    for i, request in enumerate(batch.requests):
-        others = batch.requests[:i] + batch.requests[i + 1:]
-        candidates.append(dataclasses.replace(batch, requests=others))
-    for i, request in enumerate(batch.requests):
-        def with_request(**change):
-            changed = dataclasses.replace(request, **change)
-            return dataclasses.replace(batch, requests=batch.requests[:i] + (changed,)
-                                       + batch.requests[i + 1:])
-        if request.num_tokens > 0:
-            fewer = with_request(num_tokens=request.num_tokens - 1)
-            candidates.append(fewer)
-            if batch.regime not in DRAFT_REGIMES:  # one token less at the same rank width W
-                candidates.append(dataclasses.replace(fewer, graph_size=_width(batch)))
-        if request.context_len:
-            candidates.append(with_request(context_len=0))
-            candidates.append(with_request(context_len=request.context_len - 1))
-        if request.prefilling and request.num_tokens <= 3:
-            candidates.append(with_request(prefilling=False))
-    if batch.graph_size:
-        candidates.append(dataclasses.replace(batch, graph_size=0))
-        candidates.append(dataclasses.replace(batch, graph_size=batch.graph_size - 1))
-    if batch.dp_pad:
-        candidates.append(dataclasses.replace(batch, dp_pad=batch.dp_pad - 1))
-    if batch.pad_slot_map:
-        candidates.append(dataclasses.replace(batch, pad_slot_map=False))
-    for block_size in (1, 2, 4):
-        if block_size < batch.block_size:
-            candidates.append(dataclasses.replace(batch, block_size=block_size, interleave=1))
-    if batch.interleave > 1:
-        candidates.append(dataclasses.replace(batch, interleave=1))
-    ordered = sorted(b for r in batch.requests for b in r.blocks)
-    if ordered != list(range(len(ordered))):  # blocks renumbered 0.. in the same order
-        rename = {b: k for k, b in enumerate(ordered)}
-        candidates.append(dataclasses.replace(batch, requests=tuple(
-            dataclasses.replace(r, blocks=tuple(rename[b] for b in r.blocks)) for r in batch.requests)))
-    expanded = batch.regime not in DRAFT_REGIMES
-    width = _width(batch) if expanded else 0
-    for candidate in candidates:
-        candidate = _fit_blocks(candidate)
-        if _well_formed(candidate) and (not expanded or _width(candidate) <= width):
-            yield Case(candidate, case.tensors)
-    if len(case.tensors) > 1:
-        for k in range(len(case.tensors)):
-            yield Case(batch, case.tensors[:k] + case.tensors[k + 1:])
-    if case.tensors != (TensorSpec((4,), "float32"),):
-        yield Case(batch, (TensorSpec((4,), "float32"),))

@@ -26,8 +26,11 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import ExampleDatabase, choices_to_bytes
 
-from pcpcheck.cases import Case, cases, draw_case, smaller
-from pcpcheck.check import Observation, run_case, run_cases
+from pcpcheck.cases import cases, draw_case
+from pcpcheck.judge import Observation, run_cases
+from pcpcheck.reduce import smaller
+from pcpcheck.shared.case import Case
+from pcpcheck.shared.errors import CheckerError
 from pcpcheck_spec.registry import IDS
 
 
@@ -40,7 +43,20 @@ class InvariantViolated(Exception):
         super().__init__(f"{first.invariant} violated on rank(s) {first.ranks}")
 
 
-_VIOLATION_TYPES = {i: type(f"{i}Violated", (InvariantViolated,), {}) for i in IDS}
+_VIOLATION_TYPES: dict[str, type] = {}
+
+
+def _violation_type(finding: str) -> type:
+    """The exception class of one finding (an invariant ID, or diff's DIFFERENT)."""
+    if finding not in _VIOLATION_TYPES:
+        _VIOLATION_TYPES[finding] = type(f"{finding}Violated", (InvariantViolated,), {})
+    return _VIOLATION_TYPES[finding]
+
+
+def _priority(observation) -> int:
+    """Report order: spec.registry's, for the first finding of a counterexample."""
+    first = observation.violations[0].invariant
+    return IDS.index(first) if first in IDS else len(IDS)
 
 
 REPLAYS = 5  # runs of each counterexample's case after the search
@@ -56,10 +72,6 @@ class Replays:
     @property
     def flaky(self) -> bool:
         return self.reproduced < self.runs
-
-
-class CheckerError(Exception):
-    """pcpcheck itself failed (not the target): a bug to report, never a verdict."""
 
 
 class _BudgetReached(BaseException):
@@ -120,8 +132,15 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
         run.smallest.update(shrunk or {})  # hypothesis' shrunk case stands where it has one
     result.counterexamples = list(run.smallest.values())
     if reduce and not result.budget_reached:  # past the budget, the search's smallest cases stand
-        result.counterexamples = [_reduced(o, runner, target) for o in result.counterexamples]
-    result.counterexamples.sort(key=lambda o: IDS.index(o.violations[0].invariant))
+        result.counterexamples = [_reduced(o, runner, target, run_many) for o in result.counterexamples]
+    # An invariant violated only beside an earlier one, where the shrunk cases lost it: the
+    # smallest case that showed it stands too, so every violated invariant cites a case.
+    shown = {v.invariant for o in result.counterexamples for v in o.violations}
+    for invariant, observation in run.witness.items():
+        if invariant not in shown:
+            result.counterexamples.append(observation)
+            shown.update(v.invariant for v in observation.violations)
+    result.counterexamples.sort(key=_priority)
     result.seconds = time.perf_counter() - started  # the search's rate: replays excluded
     result.replays = [replay(runner, target, o, REPLAYS, run_many) for o in result.counterexamples]
     return result
@@ -144,6 +163,8 @@ class _Search:
     result: RegimeResult = field(init=False)
     # per first invariant, the smallest violating case seen (_size): what the deadline leaves
     smallest: dict[str, Observation] = field(default_factory=dict)
+    # per invariant violated at all (first or not), the smallest case that violates it
+    witness: dict[str, Observation] = field(default_factory=dict)
 
     def __post_init__(self):
         self.result = RegimeResult(self.regime)
@@ -161,6 +182,10 @@ class _Search:
         first = observation.violations[0].invariant
         if first not in self.smallest or _size(observation) < _size(self.smallest[first]):
             self.smallest[first] = observation
+        for violation in observation.violations:
+            held = self.witness.get(violation.invariant)
+            if held is None or _size(observation) < _size(held):
+                self.witness[violation.invariant] = observation
         return first
 
     def generate(self, rng) -> dict[str, list] | None:
@@ -232,7 +257,7 @@ class _Search:
             self.result.check_seconds += time.perf_counter() - started
             first = self.record(observation)
             if first is not None:
-                raise _VIOLATION_TYPES[first](observation)
+                raise _violation_type(first)(observation)
 
         violations: list[InvariantViolated] = []
         try:
@@ -287,7 +312,7 @@ def replay(runner, target, observation: Observation, runs: int, run_many=run_cas
     return Replays(runs, reproduced)
 
 
-def _reduced(observation: Observation, runner, target, budget: int = 400,
+def _reduced(observation: Observation, runner, target, run_many=run_cases, budget: int = 400,
              seconds: float = 60.0) -> Observation:
     """The counterexample after greedy reductions (cases.smaller) that keep its first violated
     invariant: hypothesis' shrink can stop in a local minimum. At most `budget` cases and
@@ -301,7 +326,7 @@ def _reduced(observation: Observation, runner, target, budget: int = 400,
             if budget <= 0 or time.perf_counter() > deadline:
                 return observation
             budget -= 1
-            candidate = run_case(case, target, runner)
+            candidate = next(iter(run_many([case], target, runner)))
             if candidate.violations and candidate.violations[0].invariant == invariant:
                 observation, improved = candidate, True
                 break

@@ -13,8 +13,8 @@ import html
 import os
 
 from pcpcheck.cases import describe
-from pcpcheck.report import label
-from pcpcheck_spec.registry import GATHER_IDS as IDS
+from pcpcheck.report import cell, label
+from pcpcheck_spec.registry import GATHER_IDS, RELEASE_IDS
 
 BANNER = "#c8102e"  # the violated invariant's banner: tests look for this colour in a screenshot
 
@@ -177,12 +177,11 @@ def index_page(result, pages: list[tuple[str, object]]) -> str:
         body.append("</ul>")
     header = "".join(f"<th>{html.escape(s.regime)}</th>" for s in result.regimes)
     rows = []
-    for invariant in IDS:
+    for invariant in RELEASE_IDS if result.release is not None else GATHER_IDS:
         cells = []
         for summary in result.regimes:
             count = summary.count(invariant)
-            cells.append("<td>n/a</td>" if not count.checked else
-                         f"<td>{count.checked} {'FAIL' if count.violated else 'ok'}</td>")
+            cells.append(f"<td>{cell(count.checked, count.violated)}</td>")
         rows.append(f"<tr><th>{invariant}</th>{''.join(cells)}</tr>")
     cases = "".join(f"<td>{s.cases}</td>" for s in result.regimes)
     body.append(f'<h2>Verdict per regime</h2><table class="grid"><tr><th></th>{header}</tr>'

@@ -18,6 +18,8 @@ from collections import Counter
 from multiprocessing.connection import wait
 from types import SimpleNamespace
 
+from pcpcheck.shared.lifetime import die_with_parent
+
 _PROGRESS_EVERY_S = 0.25
 
 
@@ -28,8 +30,7 @@ def _stop(signum, frame):
 def _driver(connection, open_backend, search_regime) -> None:
     """A forked driver: open a backend, report the target, then search the regimes it is sent
     (index, deadline) until it is sent None."""
-    from pcpcheck.backends.worker import _die_with_parent  # as a worker dies with its driver
-    _die_with_parent(os.getppid())
+    die_with_parent(os.getppid())  # as a worker dies with its driver
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; it stops us
     signal.signal(signal.SIGTERM, _stop)  # the parent's stop: close the backend, then exit
     try:

@@ -7,7 +7,7 @@ import sys
 import time
 
 from pcpcheck import report
-from pcpcheck.api import Progress
+from pcpcheck.api import Progress, release_record
 
 _REFRESH_S = 0.25
 
@@ -21,8 +21,8 @@ class LinePrinter(Progress):
 
     def started(self, target, options) -> None:
         if getattr(target, "release", None):  # a vLLM release: its files, model, stand-ins
-            from pcpcheck.vllm.verdict import header
-            print("\n".join(header(target)), file=self.stream, flush=True)
+            header = report.release_header(release_record(target), target.name, target.stand_ins)
+            print("\n".join(header), file=self.stream, flush=True)
             return
         world = (f" ({options.backend}, world sizes {','.join(map(str, options.world_sizes))})"
                  if options.backend != "threads" and options.world_sizes else "")

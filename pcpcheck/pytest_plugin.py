@@ -79,8 +79,12 @@ def pytest_collection_modifyitems(session, config, items) -> None:
             index += 1
             name = f"pcpcheck:{label}-{index}"
         names.add(name)
-        items.extend(TargetCollector.from_parent(session, name=name, nodeid=name,
-                                                 target=target).collect())
+        # collected as pytest collects a file: its report counts the items (the terminal's
+        # "collected N items", JUnit, xdist) and a failure to collect is reported, not raised
+        collector = TargetCollector.from_parent(session, name=name, nodeid=name, target=target)
+        report = collector.ihook.pytest_make_collect_report(collector=collector)
+        collector.ihook.pytest_collectreport(report=report)
+        items.extend(node for node in report.result if isinstance(node, pytest.Item))
 
 
 class CheckFailed(Exception):
@@ -107,10 +111,8 @@ class TargetCollector(pytest.Collector):
 
     def result(self):
         if self._result is None and self._error is None:
-            from pcpcheck.api import UsageError, check
-            from pcpcheck.engine import CheckerError
-            from pcpcheck.loader import LoadError
-            from pcpcheck.backends.base import WorkerError
+            from pcpcheck.api import check
+            from pcpcheck.shared.errors import ERRORS, error_line
             config = self.config
             regimes = tuple(dict.fromkeys(config.getoption("pcp_regime"))) or None
             try:
@@ -119,8 +121,8 @@ class TargetCollector(pytest.Collector):
                                      budget_s=config.getoption("pcp_budget"),
                                      baseline=config.getoption("pcp_baseline"),
                                      function=config.getoption("pcp_function"))
-            except (UsageError, LoadError, CheckerError, WorkerError) as exc:
-                self._error = f"pcpcheck cannot check {self.target}: {type(exc).__name__}: {exc}"
+            except ERRORS as exc:
+                self._error = f"pcpcheck cannot check {self.target}: {error_line(exc)}"
         if self._error is not None:
             raise CheckFailed(self._error)
         return self._result
@@ -134,13 +136,15 @@ class CheckItem(pytest.Item):
     def runtest(self) -> None:
         result = self.parent.result()
         state, counterexample = result.outcome(self.regime, self.invariant)
-        if state == "n/a":
-            pytest.skip(f"{self.invariant} does not apply in regime {self.regime}")
-        if state == "known":
-            pytest.xfail(f"known violation, listed in {result.baseline.path}")
+        if state in ("n/a", "known"):
+            from pcpcheck.junit import skip_reason
+            why = skip_reason(result, result.summary(self.regime), self.invariant, state)
+            (pytest.skip if state == "n/a" else pytest.xfail)(why)
         if state == "failed":
             seed = "" if result.options.seed is None else \
                 f" (seed {result.options.seed}: --hypothesis-seed={result.options.seed})"
+            if counterexample is None:
+                raise CheckFailed(f"{self.invariant} violated in regime {self.regime}{seed}")
             cited = "" if counterexample.invariant == self.invariant else \
                 f"{self.invariant} violated only together with {counterexample.invariant}:\n"
             raise CheckFailed(f"{cited}{counterexample.report}{seed}")

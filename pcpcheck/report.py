@@ -1,13 +1,14 @@
-"""Human-readable reports: the verdict table and counterexamples a reviewer reads in a minute."""
+"""Human-readable reports: the verdict table and counterexamples a reviewer reads in a minute,
+the whole report of a CheckResult (`result_text`), a diff's side-by-side text, and a release's
+header. The counterexample texts are written by the API into its result; the rest renders one."""
 
 from __future__ import annotations
 
 import shlex
 
 from pcpcheck.cases import describe
-from pcpcheck.check import Observation
-from pcpcheck_spec.names import DCP, HAZARD_REGIMES, NO_ROW
-from pcpcheck_spec.registry import GATHER_IDS
+from pcpcheck_spec.names import DCP, HAZARD_REGIMES, INCOMPLETE, NO_ROW
+from pcpcheck_spec.registry import GATHER_IDS, RELEASE_IDS
 
 
 def label(value: int) -> str:
@@ -24,7 +25,7 @@ def slots_text(slots) -> str:
     return "[" + " ".join(str(int(s)) for s in slots) + "]"
 
 
-def replay_command(source: str, observation: Observation, function: str | None = None) -> str:
+def replay_command(source: str, observation, function: str | None = None) -> str:
     words = ["pcpcheck", "check", source]
     if function:
         words += ["--function", function]
@@ -47,7 +48,7 @@ How to read this report:
   [hazard]: a violation in a hazard regime (latent in vLLM, checked on request)"""
 
 
-def token_table(observation: Observation) -> list[str]:
+def token_table(observation) -> list[str]:
     """Which token belongs to which request and slot(s), one line per request."""
     batch = observation.prepared.case.batch
     lines, token = [], 0
@@ -66,7 +67,7 @@ def token_table(observation: Observation) -> list[str]:
     return lines
 
 
-def cache_diff(observation: Observation, rank: int, tensor: int = 0) -> list[str]:
+def cache_diff(observation, rank: int, tensor: int = 0) -> list[str]:
     expected = observation.prepared.expected[rank]
     actual = observation.ranks[rank].caches[tensor] if observation.ranks[rank].caches else {}
     diffs = []
@@ -82,7 +83,7 @@ def cache_diff(observation: Observation, rank: int, tensor: int = 0) -> list[str
     return diffs
 
 
-def call_text(observation: Observation, target=None) -> str:
+def call_text(observation, target=None) -> str:
     """What the target (a loader.Target) was called with on every rank (inputs listed below)."""
     name = getattr(target, "function_name", "") or "gather"
     shard = observation.prepared.shard
@@ -92,7 +93,7 @@ def call_text(observation: Observation, target=None) -> str:
     return f"{name}(tensors, slot_mapping, nd) (no shard_decode_requests parameter{note})"
 
 
-def counterexample(observation: Observation, regime: str, source: str,
+def counterexample(observation, regime: str, source: str,
                    function: str | None = None, target=None, replays=None) -> str:
     """`target`: the loaded target's metadata (what it was called with); `replays`
     (engine.Replays): how often the case showed the violation again, if replayed."""
@@ -166,6 +167,13 @@ def folded_line(names: list[str]) -> str | None:
             f"({'; '.join(names)}), most likely the same bug; --json lists each")
 
 
+def cell(checked: int, violated: int) -> str:
+    """One regime x invariant of the verdict table (and of the HTML index)."""
+    if not checked:
+        return "n/a"
+    return f"{violated}/{checked} FAIL" if violated else f"{checked} ok"
+
+
 def verdict_table(results, ids=GATHER_IDS) -> list[str]:
     """Per regime and invariant (`ids`: those of the checker): cases the predicate ran on, and
     on how many it failed."""
@@ -173,16 +181,94 @@ def verdict_table(results, ids=GATHER_IDS) -> list[str]:
     width = max(12, *(len(r) + 2 for r in regimes))
     lines = ["invariant".ljust(14) + "".join(r.rjust(width) for r in regimes)]
     for invariant in ids:
-        cells = []
-        for result in results:
-            count = result.checked.get(invariant, 0)
-            if not count:
-                cells.append("n/a".rjust(width))
-            else:
-                failed = result.violated.get(invariant, 0)
-                cells.append((f"{failed}/{count} FAIL" if failed else f"{count} ok").rjust(width))
+        cells = [cell(result.checked.get(invariant, 0), result.violated.get(invariant, 0)).rjust(width)
+                 for result in results]
         lines.append(invariant.ljust(14) + "".join(cells))
     return lines
+
+
+def result_text(result) -> str:
+    """The whole report of a CheckResult as `pcpcheck check` and `pcpcheck vllm` print it: the
+    verdict table, each shown counterexample, and the summary lines."""
+    ids = RELEASE_IDS if result.release is not None else GATHER_IDS
+    lines = ["", *verdict_table(result.regimes, ids)]
+    shown = [k for k, c in enumerate(result.counterexamples) if c.folded_into is None]
+    if shown:
+        lines += ["", LEGEND]
+    for number, index in enumerate(shown, 1):
+        counterexample = result.counterexamples[index]
+        known = " (known: in the baseline)" if counterexample.known else ""
+        lines += ["", f"Counterexample {number}{known}: {counterexample.report}"]
+        folded = folded_line([f"{c.invariant} in {c.regime}"
+                              for c in result.counterexamples if c.folded_into == index])
+        if folded:
+            lines.append(folded)
+    new, known = len(result.new_violations), len(result.counterexamples) - len(result.new_violations)
+    summary = (f"{new} violation(s), {len(shown)} shown" if new
+               else "no violation outside the baseline" if known else "every invariant holds")
+    hazards = sum(c.hazard for c in result.new_violations)
+    if hazards:
+        summary += f", {hazards} in hazard regimes"
+    if known:
+        summary += f", {known} known violation(s) from the baseline"
+    lines += ["", f"all regimes: {rates(*result.regimes, wall=result.seconds)}: {summary}"]
+    if any(s.budget_reached for s in result.regimes):
+        lines.append(f"budget of {result.options.budget_s:g} s reached; cases per regime: "
+                     + ", ".join(f"{s.regime} {s.cases}" for s in result.regimes))
+    if result.baseline and result.baseline.fixed:
+        lines.append(f"no longer found, remove from {result.baseline.path}: " + "; ".join(
+            f"{regime} {invariant}" for regime, invariant in result.baseline.fixed))
+    return "\n".join(lines)
+
+
+def release_header(record, name: str, stand_ins) -> list[str]:
+    """What `pcpcheck vllm` checked (a results.ReleaseRecord): files, layout model,
+    capabilities, stand-ins, adaptations."""
+    caps = record.capabilities
+    lines = [f"pcpcheck: checking {name} ({record.kind} {record.location})", "  files read (sha256):"]
+    lines += [f"    {path}  {digest}" for path, digest in record.files]
+    lines.append(f"  layout model: reference era {record.layout_model} "
+                 f"({'0.26-0.29 manager' if record.layout_model == '0.26' else 'section 2, 0.30 on'})")
+    lines.append(f"  capabilities: decode sharding {'yes' if caps['manager_shards'] else 'no'}, "
+                 f"gather shard flag {'yes' if caps['gather_shard'] else 'no'}, wrapper keyword "
+                 f"{caps['wrapper_shard_keyword'] or '-'}, graph padding "
+                 f"{'yes' if caps['graph_padding'] else 'no'}")
+    if stand_ins:
+        lines.append("  stood in for (inert): " + ", ".join(stand_ins))
+    lines += [f"  adapted: {note}" for note in record.adapted]
+    return lines
+
+
+def _side(observation, rank: int) -> str:
+    """One rank's outcome in a diff."""
+    view = observation.ranks[rank]
+    if view.error:
+        return f"error: {view.error}"
+    reasons = [entry[1] for entry in view.trace if entry[0] == INCOMPLETE]
+    if reasons:
+        return f"collective failed: {reasons[0]}"
+    diffs = cache_diff(observation, rank)
+    return "cache as expected" if not diffs else "cache: " + "; ".join(diffs)
+
+
+def _spec_verdict(observation) -> str:
+    if not observation.violations:
+        return "satisfies the spec"
+    return "violates " + ", ".join(f"{v.invariant} (ranks {v.ranks})" for v in observation.violations)
+
+
+def difference(pair, regime: str, old_name: str, new_name: str) -> str:
+    """A diff's finding (a pcpcheck.compare.Pair): both outcomes side by side, rank by rank."""
+    case = pair.old.prepared.case
+    lines = [f"Outcomes differ (regime {regime}): {describe(case)}",
+             f"  old = {old_name}: {_spec_verdict(pair.old)}",
+             f"  new = {new_name}: {_spec_verdict(pair.new)}"]
+    lines += token_table(pair.old)
+    for rank in pair.violations[0].ranks:
+        lines.append(f"  rank {rank}: old {_side(pair.old, rank)}")
+        lines.append(f"  {' ' * len(str(rank))}       new {_side(pair.new, rank)}")
+    lines.append(f"  case: {case.to_json()}")
+    return "\n".join(lines)
 
 
 def rates(*results, wall: float = 0.0) -> str:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 import re
 
-from pcpcheck.cases import Case, describe
+from pcpcheck.cases import describe
+from pcpcheck.shared.case import Case
 
 TARGET_VARIABLE = "PCPCHECK_TARGET"
 

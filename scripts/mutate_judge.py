@@ -83,23 +83,23 @@ MUTANTS = [
      "return []"),
     ("blame: collective blames every rank", "spec/registry.py",
      "if trace != common or any(entry[0] == inv.INCOMPLETE for entry in trace)]", "]"),
-    ("judge: violations not reported", "pcpcheck/check.py",
+    ("judge: violations not reported", "pcpcheck/judge.py",
      "return [Violation(i, ranks) for i, ranks in failed.items()], ran", "return [], ran"),
-    ("judge: real tokens include padding", "pcpcheck/check.py",
+    ("judge: real tokens include padding", "pcpcheck/judge.py",
      "prepared.labels[prepared.labels >= 0].tolist()", "prepared.labels.tolist()"),
-    ("malformed: slot dtype and device not checked", "pcpcheck/check.py",
+    ("malformed: slot dtype and device not checked", "pcpcheck/judge.py",
      "if slots.dtype != slot_dtype or where != device:", "if False:"),
-    ("malformed: slot dtype checked, device not", "pcpcheck/check.py",
+    ("malformed: slot dtype checked, device not", "pcpcheck/judge.py",
      "if slots.dtype != slot_dtype or where != device:", "if slots.dtype != slot_dtype:"),
-    ("malformed: tensor dtype and shape not checked", "pcpcheck/check.py",
+    ("malformed: tensor dtype and shape not checked", "pcpcheck/judge.py",
      "if tensor.dtype != spec.torch_dtype or tuple(tensor.shape[1:]) != spec.trailing:", "if False:"),
-    ("malformed: tensor shape checked, dtype not", "pcpcheck/check.py",
+    ("malformed: tensor shape checked, dtype not", "pcpcheck/judge.py",
      "if tensor.dtype != spec.torch_dtype or tuple(tensor.shape[1:]) != spec.trailing:",
      "if tuple(tensor.shape[1:]) != spec.trailing:"),
-    ("malformed: tensor dtype checked, shape not", "pcpcheck/check.py",
+    ("malformed: tensor dtype checked, shape not", "pcpcheck/judge.py",
      "if tensor.dtype != spec.torch_dtype or tuple(tensor.shape[1:]) != spec.trailing:",
      "if tensor.dtype != spec.torch_dtype:"),
-    ("malformed: tensor count not checked", "pcpcheck/check.py",
+    ("malformed: tensor count not checked", "pcpcheck/judge.py",
      "    if len(tensors) != len(specs):\n", "    if False:\n"),
 ]
 
@@ -115,7 +115,9 @@ STAGES = [
 
 
 def scratch_copy() -> Path:
-    """The tracked and untracked-not-ignored files of the tree, in a temporary directory."""
+    """The tracked and untracked-not-ignored files of the tree, in a temporary directory, with
+    the statements' import names (pyproject's package-dir) as links to their folders, so that
+    PYTHONPATH=that directory imports the mutant and not the installed tree."""
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout.split("\n")
     target = Path(tempfile.mkdtemp(prefix="mutant-"))
@@ -124,6 +126,9 @@ def scratch_copy() -> Path:
         if source.is_file():
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target / name)
+    for name, folder in (("pcpcheck_spec", "spec"), ("pcpcheck_reference", "reference"),
+                         ("pcpcheck_impl", "impl")):
+        (target / name).symlink_to(folder)
     return target
 
 

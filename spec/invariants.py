@@ -9,9 +9,7 @@ Each predicate returns True when the invariant holds.
 
 from __future__ import annotations
 
-from .names import NO_ROW
-
-INCOMPLETE = "incomplete"  # trace entry of a rank whose collective or call never completed
+from .names import INCOMPLETE, NO_ROW
 
 
 def returns(errors: list[str | None]) -> bool:

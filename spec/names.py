@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PAD_SLOT_ID = -1  # skipped by the cache-write kernel (test is `slot < 0`); slot 0 is a real slot
+# The first item of a collective trace entry of a rank whose collective or call never completed
+# (a trace entry is otherwise (op, dim, shape, dtype)).
+INCOMPLETE = "incomplete"
 
 # Row labels of the index-level view: a real token's label is its token id (>= 0).
 NO_ROW = -(2**31)  # an output row that is no input row, or a row that is missing

@@ -1,6 +1,6 @@
 """The invariant registry: every ID of SPEC.md with its predicate, scope and regimes.
 
-The judge (pcpcheck.check.judge), the verdict table and the SPEC-ID tests iterate REGISTRY; its
+The judge (pcpcheck.judge.judge), the verdict table and the SPEC-ID tests iterate REGISTRY; its
 order is the reporting priority (a case is reported under the first ID it violates). Adding an
 invariant is one entry here, one predicate in spec/invariants.py and one section in SPEC.md.
 

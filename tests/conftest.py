@@ -26,7 +26,7 @@ def pytest_xdist_auto_num_workers(config):
 @pytest.fixture(scope="session")
 def runner():
     """One in-process rank scheduler for the session (trusted code: impl only)."""
-    from pcpcheck.runner import ThreadRunner
+    from pcpcheck.worker.runner import ThreadRunner
 
     return ThreadRunner()
 
@@ -46,9 +46,9 @@ def threads_backend():
 def pcpcheck_check(threads_backend):
     """`pcpcheck check ARGV` as the command line runs it, on the session's threads backend;
     returns the exit code (a usage or load error raises: main() turns those into exit 2)."""
-    from pcpcheck import cli
+    from pcpcheck import cli, options
 
-    return lambda argv: cli.run_check(cli.parse(["check", *map(str, argv)]), threads_backend)
+    return lambda argv: cli.run_check(options.parse(["check", *map(str, argv)]), threads_backend)
 
 
 @pytest.fixture

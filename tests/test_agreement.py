@@ -17,9 +17,10 @@ import pcpcheck_impl as impl
 import pcpcheck_reference as reference
 import pcpcheck_spec.invariants as inv
 from pcpcheck_spec import model
-from pcpcheck.cases import as_bytes, cases
-from pcpcheck.check import blank_cache, cache_labels, decode_rows, prepare
-from pcpcheck.rankctx import current_group
+from pcpcheck.cases import cases
+from pcpcheck.shared.case import as_bytes
+from pcpcheck.judge import blank_cache, cache_labels, decode_rows, prepare
+from pcpcheck.worker.rankctx import current_group
 from pcpcheck_spec.names import LENGTH, PAD_HYGIENE, PAIRING, REGIMES, REPLICA, SHARD, UNIQUE
 
 

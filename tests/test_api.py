@@ -20,9 +20,9 @@ import pytest
 
 import pcpcheck_impl as impl
 import pcpcheck
-from pcpcheck import cli
+from pcpcheck import cli, outputs
 from pcpcheck.baseline import parse_baseline
-from pcpcheck.diff import diff
+from pcpcheck.api import diff
 from pcpcheck.progress import LinePrinter
 from pcpcheck_spec.names import DRAFT_MIXED, REPLICA, REPLICATED, SHARD, SHARDED
 from pcpcheck_spec.registry import GATHER_IDS as IDS  # `pcpcheck check`'s IDs (LAYOUT: pcpcheck vllm)
@@ -277,7 +277,7 @@ def test_a_write_that_fails_after_the_run_leaves_the_verdict(tmp_path, monkeypat
     def refuse(path, text):
         raise PermissionError(13, "Permission denied", path)
 
-    monkeypatch.setattr(cli, "_write_text", refuse)
+    monkeypatch.setattr(outputs, "_write_text", refuse)
     code = pcpcheck_check([UPSTREAM, "--regime", DRAFT_MIXED, "--max-examples", "60",
                            "--json", tmp_path / "out.json"])
     err = capsys.readouterr().err

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 
-from pcpcheck.cases import Case, cases
+from pcpcheck.cases import cases
+from pcpcheck.shared.case import Case
 from pcpcheck.cli import main
 
 

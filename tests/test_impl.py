@@ -294,7 +294,7 @@ def random_tensor(dtype: torch.dtype, shape, seed: int) -> torch.Tensor:
 def run_world(runner, per_rank, slot_map, nd, shard):
     """Every rank calls the gather on its tensors over the thread runner's group (a real
     rank-major all_gather that records each call in the rank's trace)."""
-    from pcpcheck.rankctx import current_group
+    from pcpcheck.worker.rankctx import current_group
 
     outcomes = runner.run(len(per_rank), lambda rank: gather_prefill_cache_inputs(
         per_rank[rank], slot_map, nd, shard, group=current_group()))

@@ -1,4 +1,4 @@
-"""pcpcheck.loader: loading targets without vLLM installed."""
+"""pcpcheck.worker.loader: loading targets without vLLM installed."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pcpcheck import rankctx
-from pcpcheck.loader import LoadError, Target, load_target
+from pcpcheck.shared.errors import LoadError
+from pcpcheck.worker import rankctx
+from pcpcheck.worker.loader import Target, load_target
 
 REPO = Path(__file__).resolve().parents[1]
 ZOO = REPO / "tests" / "zoo"

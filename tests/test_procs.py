@@ -22,10 +22,10 @@ if not torch_dist.is_available() or not torch_dist.is_gloo_available():
 
 from pcpcheck import cli  # noqa: E402
 from pcpcheck.backends import make_backend  # noqa: E402
-from pcpcheck.cases import Case  # noqa: E402
-from pcpcheck.check import run_case, run_cases  # noqa: E402
+from pcpcheck.shared.case import Case  # noqa: E402
+from pcpcheck.judge import run_case, run_cases  # noqa: E402
 from pcpcheck.engine import search  # noqa: E402
-from pcpcheck.loader import LoadError  # noqa: E402
+from pcpcheck.shared.errors import LoadError  # noqa: E402
 from pcpcheck_spec.names import COLLECTIVE, REGIMES, REPLICA  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,7 +178,7 @@ def test_a_worker_that_has_not_begun_a_case_is_not_overtime():
     file of zeros read as "rank 0 running since time 0" and blamed rank 0 of a fresh pool for a
     hang it never had (a flaky COLLECTIVE on gloo)."""
     from pcpcheck.backends.pool import Workspace
-    from pcpcheck.backends.worker import STATUS
+    from pcpcheck.shared.messages import STATUS
     workspace = Workspace("status-test")
     try:
         _, status_path = workspace.files("rank")
@@ -194,7 +194,8 @@ def test_status_read_while_a_worker_writes_it_never_shows_a_false_hang(tmp_path)
     saw all zeros mid-write ("rank 0 running since time 0"), a false hang that killed healthy
     pools; a reader in another process must only ever see states the worker wrote."""
     from pcpcheck.backends.pool import Workspace
-    from pcpcheck.backends.worker import FINISHED, RUNNING, Status
+    from pcpcheck.shared.messages import FINISHED, RUNNING
+    from pcpcheck.worker.main import Status
     workspace = Workspace("status-test")
     try:
         _, status_path = workspace.files("rank")

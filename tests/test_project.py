@@ -160,3 +160,12 @@ print("\\n".join(failed))
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "", done.stdout
     assert len(modules) > 30
+
+
+def test_importing_impl_imports_no_part_of_the_checker():
+    import subprocess
+    done = subprocess.run([sys.executable, "-c", "import sys, pcpcheck_impl; print(sorted(m for m in "
+                           "sys.modules if m == 'pcpcheck' or m.startswith('pcpcheck.')))"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

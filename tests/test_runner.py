@@ -1,4 +1,4 @@
-"""The in-process rank scheduler (pcpcheck.runner) and the wire format (pcpcheck.backends.wire):
+"""The in-process rank scheduler (pcpcheck.worker.runner) and the wire format (pcpcheck.shared.wire):
 real data movement between greenlet ranks, deadlocks detected at once, and tensors read as plain
 bytes whatever the object returned claims about itself."""
 
@@ -10,17 +10,14 @@ import pytest
 import torch
 
 import pcpcheck_spec.invariants as inv
-from pcpcheck.backends import wire
-from pcpcheck.rankctx import current_group
-from pcpcheck.runner import FINISHED, RUNNING, WAITING, ThreadRunner
+from pcpcheck.shared import wire
+from pcpcheck.worker.rankctx import current_group
+from pcpcheck.shared.messages import FINISHED, RUNNING, WAITING
+from pcpcheck.worker.runner import ThreadRunner
 
 
 def _incomplete(outcome) -> list[str]:
     return [entry[1] for entry in outcome.trace if entry[0] == inv.INCOMPLETE]
-
-
-def test_the_wire_tag_is_the_spec_tag():
-    assert wire.TRACE_INCOMPLETE == inv.INCOMPLETE
 
 
 def test_all_gather_is_rank_major_and_every_rank_gets_its_own_copy():

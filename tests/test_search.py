@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.database import choices_to_bytes
 
 from pcpcheck.backends import make_backend
-from pcpcheck.cases import TENSOR_SPECS, as_tensor, cases, describe, draw_case, row_content
-from pcpcheck.check import decode_rows, run_cases
+from pcpcheck.cases import TENSOR_SPECS, cases, describe, draw_case
+from pcpcheck.shared.case import as_tensor, row_content
+from pcpcheck.judge import decode_rows, run_cases
 from pcpcheck.engine import _Stored, search
 from pcpcheck_spec.names import NO_ROW, REGIMES, REPLICA, SHARDED
 
@@ -88,3 +89,31 @@ def test_a_zero_filled_row_is_no_input_row(spec):
     rows = torch.cat([as_tensor(row_content(labels, 0, spec.row_bytes), spec),
                       torch.zeros((1, *spec.trailing), dtype=spec.torch_dtype)])
     assert decode_rows(rows, 0, labels) == [*labels.tolist(), NO_ROW]
+
+
+class _Judged:
+    """An observation as the engine reads one: a case, its violations, the IDs that ran."""
+
+    def __init__(self, case, violated):
+        from pcpcheck.judge import Violation
+        self.prepared = type("Prepared", (), {"case": case})()
+        self.violations = [Violation(i, [0]) for i in violated]
+        self.checked = ("UNIQUE", REPLICA)
+
+
+def _unique_and_replica_when_large(cases_, target, runner):
+    """Every case with a token violates UNIQUE; REPLICA too from 6 tokens on: the shrunk UNIQUE
+    case (one token) no longer shows REPLICA."""
+    for case in cases_:
+        tokens = sum(r.num_tokens for r in case.batch.requests)
+        yield _Judged(case, ["UNIQUE"] * bool(tokens) + [REPLICA] * (tokens >= 6))
+
+
+def test_an_invariant_violated_only_beside_an_earlier_one_still_cites_a_case():
+    result = search(None, SHARDED, None, max_examples=300, run_many=_unique_and_replica_when_large)
+    assert result.violated[REPLICA] and result.violated["UNIQUE"]
+    firsts = [o.violations[0].invariant for o in result.counterexamples]
+    assert firsts[0] == "UNIQUE"
+    assert sum(r.num_tokens for r in result.counterexamples[0].prepared.case.batch.requests) == 1
+    shows = [o for o in result.counterexamples if REPLICA in {v.invariant for v in o.violations}]
+    assert len(shows) == 1 and sum(r.num_tokens for r in shows[0].prepared.case.batch.requests) >= 6

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from pcpcheck.api import CheckResult, check_release
-from pcpcheck.cases import Case, TensorSpec
+from pcpcheck.shared.case import Case, TensorSpec
 from pcpcheck.cli import main
-from pcpcheck.vllm.release import InterfaceDrift
-from pcpcheck.vllm.source import GATHERS, MANAGER, SourceError, fetch_release
+from pcpcheck.shared.errors import InterfaceDrift, SourceError
+from pcpcheck.vllm.source import GATHERS, MANAGER, fetch_release
 from pcpcheck_spec.names import (DCP, DRAFT, DRAFT_MIXED, LAYOUT, REPLICATED, RETURNS, SHARDED, Batch,
                         Request)
 from pcpcheck_spec.registry import GATHER_IDS, RELEASE, pairs
@@ -152,13 +152,13 @@ def test_interface_drift_is_one_line_exit_2(tmp_path, capsys):
                                              "def _expand_slot_mappings"))
     assert main(["vllm", str(root), "--max-examples", "5"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("pcpcheck: InterfaceDrift: PCPManager has no _convert_to_gathered_slot_mappings "
+    assert err == ("pcpcheck: cannot drive this vLLM release: PCPManager has no _convert_to_gathered_slot_mappings "
                    "(renamed or removed in this release)")
 
 
 def test_bad_source_is_one_line_exit_2(tmp_path, capsys):
     assert main(["vllm", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.strip() == (f"pcpcheck: SourceError: {tmp_path}: no {MANAGER} "
+    assert capsys.readouterr().err.strip() == (f"pcpcheck: cannot read the vLLM source: {tmp_path}: no {MANAGER} "
                                                "(not a vLLM checkout with the PCP manager)")
 
 

@@ -18,9 +18,11 @@ import pytest
 from hypothesis import given, settings
 
 import pcpcheck_reference as reference
-from pcpcheck.cases import TENSOR_SPECS, Case, TensorSpec, cases, kernel_decode_tokens, smaller
+from pcpcheck.cases import TENSOR_SPECS, cases, kernel_decode_tokens
+from pcpcheck.reduce import smaller
+from pcpcheck.shared.case import Case, TensorSpec
 from pcpcheck.backends import make_backend
-from pcpcheck.check import run_case
+from pcpcheck.judge import run_case
 from pcpcheck.cli import main
 from pcpcheck.engine import _reduced
 from pcpcheck_spec.names import (COLLECTIVE, DCP, DEFAULT_REGIMES, DRAFT, DRAFT_MIXED, HAZARD_REGIMES,

@@ -1,23 +1,24 @@
-"""Backends: where the ranks of a case run. The target runs only in worker processes.
+"""Backends: where the ranks of a case run, seen from the driver. The target runs only in worker
+processes (pcpcheck.worker), never here.
 
-    driver (pcpcheck.engine / cli / api)          workers (forked by the driver's fork server)
-    draws a case -> check.run_case:
-      check.prepare(case)  ------ inputs as bytes ----->  load target (one instance per rank),
-      backend.run(prepared, target)                       call it on P ranks, read outputs raw
-      check.observe(...) <------ plain data (wire) ------ errors, traces, output, tensor bytes
-      check.judge(...) -> verdict, exit code
+    driver (pcpcheck.api / engine / judge)         workers (forked by the driver's fork server)
+    draws a case -> judge.run_cases:
+      judge.prepare(case)  ------ inputs as bytes ----->  load target (one instance per rank),
+      backend.run_many(prepareds, target)                 call it on P ranks, read outputs raw
+      judge.observe(...) <------ plain data ------------- errors, traces, output, tensor bytes
+      judge.judge(...) -> verdict, exit code
 
-Files: base.py (the Backend interface, RankResult, TargetInfo), threads.py (one worker, P ranks
-as greenlets), distributed.py (gloo/nccl: P workers in a torch.distributed group), torchrun.py
-(under torchrun), worker.py (where a rank runs), wire.py (where bytes cross a process boundary),
-pool.py (starting, timing and stopping worker processes), forkserver.py (the process that
-imports torch once and forks every worker), process_group.py (the group a rank sees on a real
-process group).
+Files: base.py (the Backend interface), threads.py (one worker, P ranks as greenlets),
+distributed.py (gloo/nccl: P workers in a torch.distributed group), torchrun.py (under
+torchrun), pool.py (starting, timing and stopping worker processes), forkserver.py (the process
+that imports torch once and forks every worker). What crosses to a worker and back:
+pcpcheck.shared.messages; the bytes: pcpcheck.shared.wire.
 """
 
 from __future__ import annotations
 
-from pcpcheck.backends.base import Backend, RankResult, TargetInfo
+from pcpcheck.backends.base import Backend
+from pcpcheck.shared.messages import RankResult, TargetInfo
 
 BACKENDS = ("threads", "gloo", "nccl")
 PROCESS_BACKENDS = ("gloo", "nccl")

@@ -5,78 +5,20 @@
     results = backend.run(prepared, target)               # list[RankResult], one per rank
     backend.close()                                       # every process gone, files removed
 
-`pcpcheck.check.run_case` is the one place that prepares a case, runs it on a backend, observes
+`pcpcheck.judge.run_cases` is the one place that prepares a case, runs it on a backend, observes
 and judges it. A backend never judges, and never imports the target: its workers do.
 """
 
 from __future__ import annotations
 
-import json
 from collections import deque
-from dataclasses import dataclass, field
 
-from pcpcheck.backends import wire
-from pcpcheck.backends.worker import MAX_AHEAD, MAX_BATCH
-from pcpcheck.loader import LoadError
+from pcpcheck.shared.errors import LoadError
+from pcpcheck.shared.messages import MAX_AHEAD, MAX_BATCH, RELEASE, RankResult, TargetInfo
 
 GRACE = 1.5  # seconds the driver waits past a death or a hang for the other ranks' reports
 STARTUP_TIMEOUT = 120.0  # seconds for a worker to start (import torch, join a group)
 LOAD_TIMEOUT = 10.0  # least seconds for a started worker to import the target (--timeout if longer)
-# The `function` of a vLLM release (`pcpcheck vllm`): its `source` is the release's source spec as
-# JSON (pcpcheck.vllm.source.Source.spec); the worker loads the release and runs
-# pcpcheck.vllm.run.rank_step on every rank.
-RELEASE = "<vllm release>"
-
-
-class WorkerError(Exception):
-    """Worker processes could not start (not the target's doing: no target is loaded yet)."""
-
-
-@dataclass(frozen=True)
-class TargetInfo:
-    """What the driver knows of a target: sent back by the worker that loaded it."""
-
-    source: str  # as given (a path, module:function, impl): what the workers load
-    function: str | None  # --function as given
-    name: str
-    stand_ins: tuple[str, ...]
-    accepts_shard: bool
-    function_name: str
-
-
-@dataclass(frozen=True)
-class ReleaseInfo(TargetInfo):
-    """A vLLM release as the worker that loaded it described it, in plain data: `release` holds
-    release, source (spec), files (relpath -> sha256), adapted, caps (pcpcheck.vllm.release
-    .Capabilities fields)."""
-
-    release: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ReleaseStep:
-    """A case for a release: its ranks build their own inputs (their managers lay the step out)."""
-
-    case: object  # pcpcheck.cases.Case
-
-    @property
-    def size(self) -> int:
-        return self.case.batch.pcp_size
-
-
-@dataclass
-class RankResult:
-    """One rank's call, as the worker reported it (or as the driver records a lost rank)."""
-
-    error: str | None = None
-    error_detail: str | None = None
-    trace: list[tuple] = field(default_factory=list)
-    output: str = ""
-    value: object = None  # rebuilt by the driver: tuples, lists, plain tensors, stand-ins
-    inputs_after: list[bytes] | None = None  # None: unknown (the rank never reported)
-    poisoned: bool = False  # its process group failed: the pool must be replaced
-    input_device: str = "cpu"  # where the rank's inputs were (outputs must be there too)
-    step: dict | None = None  # a release's rank: its rank_step report (layout, inputs), plain data
 
 
 class Backend:
@@ -101,7 +43,7 @@ class Backend:
         return self._targets[key]
 
     def run(self, prepared, target: TargetInfo) -> list[RankResult]:
-        """Run one prepared case (pcpcheck.check.Prepared) on every rank."""
+        """Run one prepared case (pcpcheck.judge.Prepared) on every rank."""
         raise NotImplementedError
 
     def run_many(self, prepareds, target: TargetInfo):
@@ -234,86 +176,3 @@ class BatchedBackend(Backend):
 
     def _receive(self, key, size: int, careful: bool) -> tuple[str, list[RankResult] | None]:
         raise NotImplementedError
-
-
-def load_message(target_source: str, function: str | None, copies: int) -> dict:
-    return {"op": "load", "source": target_source, "function": function or "", "copies": copies}
-
-
-def target_info(source: str, function: str | None, header: dict) -> TargetInfo:
-    """The driver's TargetInfo from a worker's reply (LoadError if it is one)."""
-    if header.get("op") == "load_error":
-        raise _load_error(header.get("kind"))(str(header.get("message"))[:500])
-    if header.get("op") != "loaded":
-        raise LoadError(f"{source}: the worker answered {str(header.get('op'))[:50]!r} to loading")
-    fields = (source, function, str(header["name"]), tuple(map(str, header["stand_ins"])),
-              bool(header["accepts_shard"]), str(header["function_name"]))
-    if function == RELEASE:
-        return ReleaseInfo(*fields, release=json.loads(json.dumps(header["release"])))
-    return TargetInfo(*fields)
-
-
-def _load_error(kind) -> type:
-    """The driver's class for a worker's load failure: a release's own kinds (one line each)."""
-    if kind in ("InterfaceDrift", "SourceError"):
-        from pcpcheck.vllm.release import InterfaceDrift
-        from pcpcheck.vllm.source import SourceError
-        return {"InterfaceDrift": InterfaceDrift, "SourceError": SourceError}[kind]
-    return LoadError
-
-
-def case_message(prepared, target: TargetInfo, ranks) -> tuple[dict, list]:
-    """The case for the ranks a worker hosts: its inputs as bytes, nothing else (a release's
-    step: the case as JSON; its ranks lay it out themselves)."""
-    if target.function == RELEASE:
-        return {"op": "case", "source": target.source, "function": RELEASE, "size": prepared.size,
-                "step": prepared.case.to_json(), "ranks": list(ranks)}, []
-    header = {"op": "case", "source": target.source, "function": target.function or "",
-              "size": prepared.size, "shard": prepared.shard,
-              "tensors": [[str(spec.torch_dtype), list(spec.trailing)] for spec in prepared.case.tensors],
-              "nds": [prepared.nds[rank] for rank in ranks]}
-    blobs = []
-    for rank in ranks:
-        blobs += [source.tobytes() for source in prepared.sources[rank]]
-        blobs.append(prepared.slot_maps[rank].tobytes())
-    return header, blobs
-
-
-def batch_message(prepareds, target: TargetInfo, ranks=None) -> tuple[dict, list]:
-    """Several cases in one message (the worker runs them in order, reporting each), for
-    `ranks` (None: every rank of each case)."""
-    cases, counts, blobs = [], [], []
-    for prepared in prepareds:
-        header, more = case_message(prepared, target, range(prepared.size) if ranks is None else ranks)
-        cases.append(header)
-        counts.append(len(more))
-        blobs += more
-    return {"op": "cases", "cases": cases, "counts": counts}, blobs
-
-
-def decode_rank(result: dict, blobs: list) -> RankResult:
-    """A worker's report of one rank, decoded by the driver from plain data."""
-    rank = RankResult(error=_text(result.get("error")), error_detail=_text(result.get("error_detail")),
-                      output=str(result.get("output") or ""), poisoned=bool(result.get("poisoned")),
-                      input_device=str(result.get("input_device", "cpu"))[:40])
-    if isinstance(result.get("step"), dict):
-        rank.step = result["step"]
-    for entry in result.get("trace") or []:
-        rank.trace.append(tuple(tuple(item) if isinstance(item, list) else item for item in entry))
-    try:
-        after = result["inputs_after"]  # None: a release's rank that made no call
-        rank.inputs_after = None if after is None else [bytes(blobs[i]) for i in after]
-        if rank.error is None:
-            rank.value = wire.decode_value(result.get("value"), blobs)
-    except (ValueError, TypeError, KeyError, IndexError, RuntimeError) as exc:
-        rank.error = f"returned tensors pcpcheck cannot read: {type(exc).__name__}: {exc}"[:300]
-    return rank
-
-
-def lost_rank(reason: str, output: str = "") -> RankResult:
-    """A rank that never reported: its call did not complete."""
-    return RankResult(trace=[(wire.TRACE_INCOMPLETE, reason)], output=output)
-
-
-def _text(value) -> str | None:
-    return None if value is None else str(value)

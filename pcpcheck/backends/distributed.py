@@ -17,11 +17,11 @@ from __future__ import annotations
 import datetime
 import time
 
-from pcpcheck.backends import base, pool, wire
+from pcpcheck.backends import pool
 from pcpcheck.backends.base import GRACE, LOAD_TIMEOUT, STARTUP_TIMEOUT, BatchedBackend
-from pcpcheck.backends.base import TargetInfo
-from pcpcheck.backends.base import WorkerError
-from pcpcheck.loader import LoadError
+from pcpcheck.shared import messages, wire
+from pcpcheck.shared.errors import LoadError, WorkerError
+from pcpcheck.shared.messages import TargetInfo
 
 
 class Pool:
@@ -96,10 +96,10 @@ class DistributedBackend(BatchedBackend):
 
     def _load_on(self, target_pool: Pool, source: str, function: str | None) -> TargetInfo:
         for worker in target_pool.workers:
-            worker.send(base.load_message(source, function, 1))
+            worker.send(messages.load_message(source, function, 1))
         try:
             replies = target_pool.expect_all(self.load_timeout, "loaded")
-            infos = [base.target_info(source, function, reply) for reply in replies]
+            infos = [messages.target_info(source, function, reply) for reply in replies]
         except LoadError:
             self._retire(target_pool)
             raise
@@ -127,7 +127,7 @@ class DistributedBackend(BatchedBackend):
     def _send(self, size: int, prepareds, target: TargetInfo) -> None:
         ranks_pool = self._pool(size)
         for rank, worker in enumerate(ranks_pool.workers):
-            worker.send(*base.batch_message(prepareds, target, [rank]))
+            worker.send(*messages.batch_message(prepareds, target, [rank]))
 
     def _receive(self, size: int, _, careful: bool):
         ranks_pool = self._pools[size]
@@ -135,7 +135,7 @@ class DistributedBackend(BatchedBackend):
         # (a status a target forged would otherwise have this case run again and again).
         outcomes = pool.wait_results(ranks_pool.workers, self.timeout, GRACE, watch=not careful)
         outcomes = [outcomes[rank] for rank in range(size)]  # arrival order -> rank order
-        results = [base.decode_rank(outcome[1]["ranks"][0], outcome[2])
+        results = [messages.decode_rank(outcome[1]["ranks"][0], outcome[2])
                    if outcome[0] == "result" else None for outcome in outcomes]
         if all(result is not None and not result.poisoned for result in results):
             self._received(size)
@@ -161,7 +161,7 @@ class DistributedBackend(BatchedBackend):
             else:
                 reason = (f"all_gather on rank {rank} never completed: rank "
                           f"{hung[0] if hung else '?'} did not return within {self.timeout:g} s")
-            results[rank] = base.lost_rank(reason, output)
+            results[rank] = messages.lost_rank(reason, output)
         self._retire(ranks_pool)  # no process outlives the case that broke it
         return "lost", results
 

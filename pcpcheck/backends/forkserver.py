@@ -29,6 +29,8 @@ import sys
 import threading
 import time
 
+from pcpcheck.shared import lifetime
+
 _MESSAGE_BYTES = 1 << 20  # a request carries the driver's environment
 
 
@@ -100,12 +102,8 @@ class _Server:
 
 
 def _name_process(name: bytes) -> None:
-    """What `ps -o comm`, top and /proc/PID/comm show (Linux: prctl PR_SET_NAME)."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(15, name)
-    except Exception:  # noqa: BLE001 - not Linux
-        pass
+    """What `ps -o comm`, top and /proc/PID/comm show."""
+    lifetime.prctl(lifetime.PR_SET_NAME, name)
 
 
 def _kill_group(pid: int) -> None:
@@ -121,7 +119,7 @@ def _become_worker(config: dict, keep: list[int], env: dict, cwd: str) -> None:
     itself (it never returns)."""
     import random
 
-    from pcpcheck.backends import worker
+    from pcpcheck.worker import main as worker
     os.setsid()
     _name_process(b"pcpcheck-worker")
     _enter(env, cwd)
@@ -160,9 +158,8 @@ def _preload() -> None:
     """Everything a worker imports before it loads a target."""
     import torch.distributed  # noqa: F401 - gloo and nccl workers join a group
 
-    import pcpcheck.backends.base  # noqa: F401 - the worker's load path
-    import pcpcheck.backends.worker  # noqa: F401
-    import pcpcheck.loader  # noqa: F401
+    import pcpcheck.worker.loader  # noqa: F401 - the worker's load path
+    import pcpcheck.worker.main  # noqa: F401
 
 
 def _run(sock: socket.socket) -> None:

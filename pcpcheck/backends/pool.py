@@ -19,24 +19,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from pcpcheck.backends import wire
 from pcpcheck.backends.forkserver import ForkServer, ForkServerError
-from pcpcheck.backends.worker import MAX_OUTPUT, MAX_RANKS, STATUS
+from pcpcheck.shared import lifetime, wire
+from pcpcheck.shared.messages import MAX_OUTPUT, MAX_RANKS, STATUS
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # what makes `pcpcheck` importable
 _LIVE: dict[int, "WorkerProcess"] = {}  # pid -> worker, for the exit handler and orphan reaping
 _WORKSPACES: set[str] = set()  # directories not removed yet (a backend never closed)
-_PR_SET_CHILD_SUBREAPER = 36
 FORK_SERVER = ForkServer()  # this process's
 SERVER_STARTUP = 120.0  # seconds for the fork server to start (import torch)
 
 
 def _become_subreaper() -> None:
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    except Exception:  # noqa: BLE001 - not Linux
-        pass
+    lifetime.prctl(lifetime.PR_SET_CHILD_SUBREAPER, 1)
 
 
 _F_SETPIPE_SZ = 1031

@@ -9,12 +9,11 @@ the case gets a verdict (the cases before it in its batch keep theirs), and a fr
 
 from __future__ import annotations
 
-from pcpcheck.backends import base, pool
-from pcpcheck.backends.base import GRACE, LOAD_TIMEOUT, STARTUP_TIMEOUT, BatchedBackend, RankResult
-from pcpcheck.backends.base import TargetInfo
-from pcpcheck.backends.worker import MAX_RANKS
-from pcpcheck.loader import LoadError
-from pcpcheck.runner import NOT_STARTED, WAITING
+from pcpcheck.backends import pool
+from pcpcheck.backends.base import GRACE, LOAD_TIMEOUT, STARTUP_TIMEOUT, BatchedBackend
+from pcpcheck.shared import messages, wire
+from pcpcheck.shared.errors import LoadError
+from pcpcheck.shared.messages import MAX_RANKS, NOT_STARTED, WAITING, RankResult, TargetInfo
 
 
 class ThreadsBackend(BatchedBackend):
@@ -39,7 +38,7 @@ class ThreadsBackend(BatchedBackend):
             self._worker = worker
             self._expect(worker, STARTUP_TIMEOUT, "ready")
             for source, function in self._targets:  # a fresh worker after a broken one
-                worker.send(base.load_message(source, function, MAX_RANKS))
+                worker.send(messages.load_message(source, function, MAX_RANKS))
                 self._expect(worker, self.load_timeout, "loaded")
         return self._worker
 
@@ -47,7 +46,7 @@ class ThreadsBackend(BatchedBackend):
         import time
         try:
             message = worker.reader.recv(time.monotonic() + seconds)
-        except pool.wire.ChannelClosed:
+        except wire.ChannelClosed:
             reason = worker.exit_reason()
             tail = worker.output_tail().strip().splitlines()
             self._retire()
@@ -60,11 +59,11 @@ class ThreadsBackend(BatchedBackend):
 
     def _load(self, source: str, function: str | None) -> TargetInfo:
         worker = self._start()
-        if not worker.send(base.load_message(source, function, MAX_RANKS)):
+        if not worker.send(messages.load_message(source, function, MAX_RANKS)):
             self._retire()
             raise LoadError(f"{source}: the worker process is gone")
         try:
-            return base.target_info(source, function, self._expect(worker, self.load_timeout, "loaded"))
+            return messages.target_info(source, function, self._expect(worker, self.load_timeout, "loaded"))
         except LoadError:
             self._retire()  # a target that failed to load may have left anything behind
             raise
@@ -74,7 +73,7 @@ class ThreadsBackend(BatchedBackend):
 
     def _send(self, key, prepareds, target: TargetInfo) -> None:
         worker = self._start()
-        header, blobs = base.batch_message(prepareds, target)
+        header, blobs = messages.batch_message(prepareds, target)
         worker.send(header, blobs)  # a dead worker shows as such when its result is awaited
 
     def _receive(self, key, size: int, careful: bool):
@@ -84,7 +83,7 @@ class ThreadsBackend(BatchedBackend):
         outcome = pool.wait_results([worker], self.timeout, GRACE)[0]
         if outcome[0] == "result":
             self._received(key)
-            return "result", [base.decode_rank(result, outcome[2]) for result in outcome[1]["ranks"]]
+            return "result", [messages.decode_rank(result, outcome[2]) for result in outcome[1]["ranks"]]
         return "lost", self._lost(worker, outcome, size)
 
     def _lost(self, worker, outcome, size: int) -> list[RankResult]:
@@ -99,7 +98,7 @@ class ThreadsBackend(BatchedBackend):
             culprit, what = running, f"died ({outcome[1]}) before returning"
             what += f"; stderr: {last}" if last else ""
         if culprit < 0:
-            return [base.lost_rank(f"the worker process hosting every rank ended ({outcome[1]}) "
+            return [messages.lost_rank(f"the worker process hosting every rank ended ({outcome[1]}) "
                                    "outside any rank's call", output) for _ in range(size)]
         results = []
         for rank in range(size):
@@ -111,7 +110,7 @@ class ThreadsBackend(BatchedBackend):
                 reason = f"rank {rank} never ran: rank {culprit} {what} first"
             else:  # FINISHED: its report went down with the worker
                 reason = f"rank {rank}'s result was lost: rank {culprit} {what}"
-            results.append(base.lost_rank(reason, output if rank == culprit else ""))
+            results.append(messages.lost_rank(reason, output if rank == culprit else ""))
         return results
 
     def _retire(self) -> None:

@@ -1,8 +1,8 @@
-"""Under torchrun: `torchrun --standalone --nproc-per-node P -m pcpcheck.backends.torchrun
-[pcpcheck check arguments]`.
+"""Under torchrun (`python -m pcpcheck.torchrun ...`, or `torchrun ... -m pcpcheck.torchrun.rank`):
+the transport of every torchrun process.
 
 Every torchrun process is a supervisor that never imports the target: it starts one worker
-(pcpcheck.backends.worker) that joins torchrun's process group (env://) as its rank. The
+(pcpcheck.worker.main) that joins torchrun's process group (env://) as its rank. The
 supervisors talk through torchrun's own store (keys under `pcpcheck/`): rank 0's supervisor is
 the driver (search, judging, report); for message n it stores each rank's part under
 `pcpcheck/in/n/r`, every supervisor hands its part to its worker and stores the reply (or why
@@ -20,8 +20,11 @@ import os
 import sys
 import time
 
-from pcpcheck.backends import base, pool, wire
-from pcpcheck.backends.base import GRACE, STARTUP_TIMEOUT, Backend, RankResult, TargetInfo
+from pcpcheck.backends import pool
+from pcpcheck.backends.base import GRACE, STARTUP_TIMEOUT, Backend
+from pcpcheck.shared import messages, wire
+from pcpcheck.shared.errors import WorkerError
+from pcpcheck.shared.messages import RankResult, TargetInfo
 
 _FOREVER = datetime.timedelta(days=1)
 
@@ -39,7 +42,7 @@ def _start_worker(workspace, backend: str, timeout: float) -> pool.WorkerProcess
         "device": f"cuda:{local}" if backend == "nccl" else "cpu"})
     message = worker.reader.recv(time.monotonic() + STARTUP_TIMEOUT)
     if message is None or message[0].get("op") != "ready":
-        raise base.WorkerError(f"rank {os.environ.get('RANK')}: the worker did not join the "
+        raise WorkerError(f"rank {os.environ.get('RANK')}: the worker did not join the "
                                f"{backend} group: {worker.output_tail().strip()[-200:]}")
     return worker
 
@@ -89,23 +92,23 @@ class TorchrunBackend(Backend):
         return replies
 
     def _load(self, source: str, function: str | None) -> TargetInfo:
-        part = wire.pack(base.load_message(source, function, 1))
+        part = wire.pack(messages.load_message(source, function, 1))
         replies = self._round([part] * self.size, STARTUP_TIMEOUT)
-        infos = [base.target_info(source, function, header) for header, _ in replies]
+        infos = [messages.target_info(source, function, header) for header, _ in replies]
         return infos[0]
 
     def run(self, prepared, target: TargetInfo) -> list[RankResult]:
         if prepared.size != self.size:
-            raise base.WorkerError(f"case has P={prepared.size}; torchrun started {self.size} ranks")
+            raise WorkerError(f"case has P={prepared.size}; torchrun started {self.size} ranks")
         if self.broken is not None:
             return self.broken
-        parts = [wire.pack(*base.case_message(prepared, target, [rank])) for rank in range(self.size)]
+        parts = [wire.pack(*messages.case_message(prepared, target, [rank])) for rank in range(self.size)]
         results = []
         for header, blobs in self._round(parts, self.timeout):
             if header.get("op") == "result":
-                results.append(base.decode_rank(header["ranks"][0], blobs))
+                results.append(messages.decode_rank(header["ranks"][0], blobs))
             else:
-                results.append(base.lost_rank(str(header.get("reason")), str(header.get("output", ""))))
+                results.append(messages.lost_rank(str(header.get("reason")), str(header.get("output", ""))))
         if any(header_lost for header_lost in (r.inputs_after is None for r in results)):
             self.broken = results  # torchrun's group cannot be rebuilt
         return results
@@ -134,59 +137,45 @@ def _serve(store, worker, rank: int, timeout: float) -> int:
     return 2
 
 
-def main(argv: list[str] | None = None) -> int:
-    import torch
-    from pcpcheck import cli
-    pool.FORK_SERVER.prefork()  # a process of its own, no thread nor torch op yet
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "check":
-        argv = argv[1:]
-    rank = int(os.environ.get("RANK", "0"))
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    code = cli.EXIT_USAGE
-    try:
-        args = cli.parse(["check", *argv])
-    except cli.UsageError as exc:
-        if rank == 0:
-            print(f"pcpcheck: usage error: {exc}", file=sys.stderr)
-        _exit(code)
-    backend = args.backend if args.backend in ("gloo", "nccl") else \
-        ("nccl" if torch.cuda.is_available() else "gloo")
-    workspace = pool.Workspace("torchrun")
-    store = _store()
-    worker = None
-    runner = None
-    try:
-        worker = _start_worker(workspace, backend, args.timeout)
-        if rank != 0:
-            code = _serve(store, worker, rank, args.timeout)
-        else:
-            runner = TorchrunBackend(store, worker, size, args.timeout)
-            if args.world_sizes and tuple(args.world_sizes) != (size,):
-                raise cli.UsageError(f"--world-sizes {','.join(map(str, args.world_sizes))} but "
-                                     f"torchrun started {size} ranks")
-            args.world_sizes = (size,)
-            print(f"pcpcheck: torchrun, {size} ranks, {backend}")
-            code = cli.run_check(args, runner)
-    except (cli.UsageError, cli.LoadError, cli.CheckerError, base.WorkerError) as exc:
-        print(f"pcpcheck: {exc}", file=sys.stderr)
-        code = cli.EXIT_USAGE
-    finally:
-        if worker is not None:
-            worker.kill()
-        workspace.remove()
-        if runner is not None:  # last: once a peer exits non-zero, torchrun's agent SIGTERMs us
+class Session:
+    """This torchrun process's part of a check: its worker (joined to torchrun's group) and, on
+    rank 0, the backend that drives every rank. Ranks 1..P-1 `serve` until rank 0 `finish`es
+    with the exit code; leaving the `with` stops the worker and removes its files."""
+
+    def __init__(self, backend: str, timeout: float):
+        self.backend, self.timeout = backend, timeout
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.runner: TorchrunBackend | None = None
+        self._workspace = self._store = self._worker = None
+
+    def __enter__(self) -> "Session":
+        self._workspace = pool.Workspace("torchrun")
+        self._store = _store()
+        self._worker = _start_worker(self._workspace, self.backend, self.timeout)
+        if self.rank == 0:
+            self.runner = TorchrunBackend(self._store, self._worker, self.size, self.timeout)
+        return self
+
+    def serve(self) -> int:
+        """Ranks 1..P-1: hand every message to the worker; the exit code rank 0 sends."""
+        return _serve(self._store, self._worker, self.rank, self.timeout)
+
+    def finish(self, code: int) -> None:
+        """Rank 0, last: every supervisor exits with `code`. Once a peer exits non-zero,
+        torchrun's agent SIGTERMs the rest, so rank 0 cleans up before it releases them."""
+        self.close()
+        if self.runner is not None:
             sys.stdout.flush()
-            runner.finish(code)
-        _exit(code)
-    return code
+            self.runner.finish(code)
 
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.kill()
+            self._worker = None
+        if self._workspace is not None:
+            self._workspace.remove()
+            self._workspace = None
 
-def _exit(code: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-if __name__ == "__main__":
-    main()
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,13 +1,12 @@
 """Check a vLLM release's own PCP path (`pcpcheck vllm SOURCE`): its layout manager, its gather
 and its MLA/indexer wrappers, read from a wheel or checkout and run on every rank.
 
-The API is `pcpcheck.api.check_release(source, ...) -> CheckResult`. The release's code is
-executed only in a backend worker (`release.load_release` and `run.rank_step` run there); the
-driver sees it as plain data (`pcpcheck.backends.base.ReleaseInfo`). Errors: `SourceError`,
-`InterfaceDrift` (both `pcpcheck.loader.LoadError`s; one line each).
+The API is `pcpcheck.api.check_release(source, ...) -> CheckResult`. Which side each module is on:
+- source.py (both): where the release's files come from; the driver resolves and fetches them,
+  a worker reads them;
+- inputs.py (both): what a step hands the release's manager;
+- release.py, step.py (worker): the release's code loaded and run, one rank's step;
+- judge.py (driver): each rank's layout and caches judged from its worker's plain-data report;
+- verdict.py (driver): the search per regime in the release's own batch order, and report text.
+Errors: `SourceError`, `InterfaceDrift` (pcpcheck.shared.errors; one line each).
 """
-
-from pcpcheck.vllm.release import InterfaceDrift
-from pcpcheck.vllm.source import SourceError
-
-__all__ = ["InterfaceDrift", "SourceError"]

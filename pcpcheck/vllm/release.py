@@ -1,8 +1,8 @@
 """Load a vLLM release's PCP path (manager, gather, wrappers) and read its capabilities from its
-own code.
+own code. It runs in the worker (pcpcheck.worker.main, release mode), never in the driver.
 
 `load_release(source) -> Release`. The manager file (`pcp_manager.py`) and the gather file
-(`pcp.py`) are executed as fresh modules with the loader's stand-ins (pcpcheck.loader
+(`pcp.py`) are executed as fresh modules with the loader's stand-ins (pcpcheck.worker.standins
 StandInSpace) for their `vllm.*` imports; names the layout methods really use get working
 stand-ins (`STAND_INS`: real classes for the annotated types, the host-to-device copy as a CPU
 copy, CUDAGraphMode as an enum). Capabilities come from the release's code: its constructor's
@@ -17,16 +17,21 @@ import enum
 import functools
 import inspect
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
 import torch
 
-from pcpcheck.loader import LoadError, StandInSpace, _make_target, exec_source
+from pcpcheck.shared.errors import InterfaceDrift, LoadError
+from pcpcheck.shared.messages import Capabilities
+from pcpcheck.vllm.inputs import global_maps, step_arrays
 from pcpcheck.vllm.source import GATHERS, MANAGER, Source, from_spec, resolve
+from pcpcheck.worker.loader import _make_target, exec_source
+from pcpcheck.worker.standins import StandInSpace
+import pcpcheck_reference as reference
 from pcpcheck_reference import ERA_CURRENT, ERA_V026
-from pcpcheck_spec.names import DCP, DRAFT, DRAFT_MIXED, REPLICATED, SHARDED
+from pcpcheck_spec.names import DCP, DRAFT, DRAFT_MIXED, REPLICATED, SHARDED, Batch, Request
 
 MLA_WRAPPER = "maybe_gather_mla_latent_cache_inputs"
 INDEXER_WRAPPER = "maybe_gather_indexer_k"
@@ -37,10 +42,6 @@ WRAPPER_PARAMS = {
     MLA_WRAPPER: ("kv_c_normed", "k_pe", "slot_mapping", "num_decode_tokens", "use_pcp"),
     INDEXER_WRAPPER: ("k", "slot_mapping", "num_decode_tokens", "use_pcp"),
 }
-
-
-class InterfaceDrift(LoadError):
-    """The release lacks (or renamed) an internal pcpcheck drives; one line naming it."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,17 +91,6 @@ STAND_INS = {
 
 # ---------------------------------------------------------------------------------------------
 # The release
-
-
-@dataclass
-class Capabilities:
-    era: str  # the reference layout model that judges it (reference.ERAS)
-    manager_shards: bool  # PCPManager(shard_decode_requests=...) exists
-    gather_shard: bool  # the gather takes shard_decode_requests
-    wrapper_shard_keyword: str | None  # the wrappers' shard keyword (pcp_shard_decode_requests)
-    graph_padding: bool  # _build_batch_layout(padded_num_tokens=...)
-    replicated_method: bool  # PCPManager.replicated_requests exists
-    not_applicable: dict[str, str] = field(default_factory=dict)  # regime -> reason
 
 
 @dataclass
@@ -269,8 +259,6 @@ def load_release(source: Source | str) -> Release:
 def _probe(release: Release) -> None:
     """Lay one small step out with rank 0's manager: an internal it lacks (a segment field, an
     attribute the layout sets) is interface drift, named in one line, not a verdict per case."""
-    from pcpcheck.vllm.layout import manager_view
-    from pcpcheck_spec.names import Batch, Request
     step = Batch(REPLICATED, 2, (Request(1, False, 0, (0,)), Request(5, True, 0, (1,))), 16)
     try:
         manager_view(release, step, 0)
@@ -278,6 +266,69 @@ def _probe(release: Release) -> None:
         raise InterfaceDrift(f"PCPManager layout: {exc}") from None
     except TypeError as exc:  # a changed signature: unexpected or missing argument
         raise InterfaceDrift(f"PCPManager layout call: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The release's manager laid out on CPU (a rank's view of a step)
+
+def _leading_decodes(rows_of_requests: list[tuple[int, int]], prefilling) -> int:
+    """nd: tokens of the leading rows whose request is a decode (the kernel's split under PCP
+    counts short extends as prefills; sem section 9)."""
+    total = 0
+    for request, length in rows_of_requests:
+        if prefilling[request]:
+            break
+        total += length
+    return total
+
+
+def make_manager(release, batch: Batch, rank: int):
+    """Rank `rank`'s PCPManager for the step's regime, on CPU."""
+    kwargs = dict(pcp_world_size=batch.pcp_size, pcp_rank=rank, device=torch.device("cpu"),
+                  dcp_world_size=reference.dcp_size(batch), dcp_rank=rank if batch.regime == DCP else 0)
+    if "cp_interleave" in release.manager_params:
+        kwargs["cp_interleave"] = batch.interleave
+    if release.caps.manager_shards:
+        kwargs["shard_decode_requests"] = batch.regime == SHARDED
+    return release.manager(**kwargs)
+
+
+def manager_view(release, batch: Batch, rank: int) -> dict:
+    """What rank `rank`'s own manager lays out (every rank's rows, as this rank sees them)."""
+    manager = make_manager(release, batch, rank)
+    q, computed, prefilling, starts = step_arrays(batch)
+    kwargs = {}
+    if batch.graph_size and release.caps.graph_padding:
+        kwargs["padded_num_tokens"] = batch.graph_size
+    segments_by_rank, _ = manager._build_batch_layout(q, computed, prefilling, starts, **kwargs)
+    rows, nds = [], []
+    for segments in segments_by_rank:
+        ordered = sorted(segments, key=lambda s: s.rank_local_batch_slice.start)
+        rows.append([t for s in ordered
+                     for t in range(s.global_batch_slice.start, s.global_batch_slice.stop)])
+        nds.append(_leading_decodes([(s.global_batch_req_idx, s.num_tokens) for s in ordered],
+                                    prefilling))
+    gidx = _plain(manager._padded_gather_idx)
+    view = {
+        "rows": rows,
+        "num_decode_tokens": nds,
+        "width": len(gidx) // batch.pcp_size,
+        "gidx": gidx,
+        "wmask": [bool(v) for v in _plain(manager._gathered_kv_write_mask)],
+        "restore": _plain(manager._hidden_restore_idx),
+    }
+    if release.caps.replicated_method:
+        view["replicated"] = [bool(v) for v in manager.replicated_requests(q, prefilling)]
+    maps = torch.from_numpy(global_maps(batch, rank if batch.regime == DCP else 0))
+    expanded = manager._convert_to_gathered_slot_mappings(maps)
+    view["expanded"] = [[int(v) for v in row] for row in _plain(expanded)]
+    return view
+
+
+def _plain(value) -> list:
+    if isinstance(value, torch.Tensor):
+        return value.cpu().tolist()
+    return np.asarray(value).tolist()
 
 
 @functools.lru_cache(maxsize=8)
@@ -290,4 +341,4 @@ def release_from_spec(spec: dict) -> Release:
     return _cached(json.dumps(spec, sort_keys=True))
 
 
-__all__ = ["Capabilities", "InterfaceDrift", "Release", "load_release", "release_from_spec"]
+__all__ = ["Release", "load_release", "release_from_spec"]

@@ -26,17 +26,14 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pcpcheck.loader import LoadError
+from pcpcheck.shared.errors import SourceError
 
 MANAGER = "vllm/v1/worker/gpu/pcp_manager.py"
 GATHERS = ("vllm/v1/attention/ops/pcp.py", "vllm/model_executor/layers/attention/pcp.py")
 CACHE_ENV = "PCPCHECK_WHEEL_CACHE"
 _RELEASE = re.compile(r"^(?:vllm==)?(\d+\.\d+\.\d+(?:[.\-+]?\w+)*)$")
+FIRST_PCP_RELEASE = (0, 26, 0)  # the first release with a PCPManager (pcp-semantics section 9)
 _VERSION_LINE = re.compile(r"""(?:__version__|version)\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""")
-
-
-class SourceError(LoadError):
-    """SOURCE cannot be resolved or read; str(error) is one line."""
 
 
 def cache_dir() -> Path:
@@ -140,6 +137,11 @@ def _checkout(root: Path, kind: str) -> Source:
     return Source(kind, str(root), _checkout_release(root))
 
 
+def _numbers(version: str) -> tuple[int, int, int]:
+    """(X, Y, Z) of X.Y.Z[suffix] (0.26.0rc1 -> (0, 26, 0))."""
+    return tuple(int(re.match(r"\d+", part).group(0)) for part in version.split(".")[:3])
+
+
 def resolve(source: str) -> Source:
     """SOURCE -> Source (see the module docstring)."""
     text = str(source).strip()
@@ -159,6 +161,11 @@ def resolve(source: str) -> Source:
         return _checkout(path, "checkout")
     match = _RELEASE.match(text)
     if match:
-        return _open_wheel(fetch_release(match.group(1)))
+        version = match.group(1)
+        if _numbers(version) < FIRST_PCP_RELEASE:
+            first = ".".join(map(str, FIRST_PCP_RELEASE))
+            raise SourceError(f"vLLM {version} has no PCP path to check: {MANAGER} first ships "
+                              f"in {first}")  # known before fetching ~340 MB
+        return _open_wheel(fetch_release(version))
     raise SourceError(f"{text!r}: not a release (0.33.0, vllm==0.33.0), a wheel, a checkout "
                       "or 'installed'")

@@ -9,16 +9,17 @@ code runs only in the backend's worker.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import shlex
 
+import pcpcheck_reference as reference
 from pcpcheck import report
-from pcpcheck.backends.base import ReleaseInfo
-from pcpcheck.cases import Case
 from pcpcheck.engine import RegimeResult, search
-from pcpcheck.vllm.run import (ReleaseObservation, capabilities, era_case,  # noqa: F401
-                               observe_release_case)
-from pcpcheck_spec.names import LAYOUT
+from pcpcheck.shared.case import Case
+from pcpcheck.shared.messages import Capabilities, ReleaseInfo
+from pcpcheck.vllm.judge import ReleaseObservation, capabilities, observe_release_case
+from pcpcheck_spec.names import DRAFT, DRAFT_REGIMES, LAYOUT, Batch
 
 
 def run_release_cases(cases, release: ReleaseInfo, backend):
@@ -41,22 +42,40 @@ def search_regime(release: ReleaseInfo, regime: str, backend, *, max_examples: i
                   run_many=run_release_cases, reduce=False)
 
 
-def header(release: ReleaseInfo) -> list[str]:
-    caps, info = capabilities(release), release.release
-    source = info["source"]
-    lines = [f"pcpcheck: checking {release.name} ({source['kind']} {source['location']})",
-             "  files read (sha256):"]
-    lines += [f"    {path}  {digest}" for path, digest in info["files"].items()]
-    lines.append(f"  layout model: reference era {caps.era} "
-                 f"({'0.26-0.29 manager' if caps.era == '0.26' else 'section 2, 0.30 on'})")
-    lines.append(f"  capabilities: decode sharding {'yes' if caps.manager_shards else 'no'}, "
-                 f"gather shard flag {'yes' if caps.gather_shard else 'no'}, wrapper keyword "
-                 f"{caps.wrapper_shard_keyword or '-'}, graph padding "
-                 f"{'yes' if caps.graph_padding else 'no'}")
-    if release.stand_ins:
-        lines.append("  stood in for (inert): " + ", ".join(release.stand_ins))
-    lines += [f"  adapted: {note}" for note in info["adapted"]]
-    return lines
+def release_order(batch: Batch) -> Batch:
+    """The step in the model runner's order (section 9, 0.33's key): decodes with draft tokens
+    first, then requests whose scheduled length equals the decode query length (1), then by
+    length; the prefilling flag is not in the key, so a 1-token continued prefill stands among
+    the decodes. The sort is stable."""
+    def key(request):
+        drafts = not request.prefilling and request.num_tokens > 1
+        return (not drafts, request.num_tokens != 1, request.num_tokens)
+    return dataclasses.replace(batch, requests=tuple(sorted(batch.requests, key=key)))
+
+
+def era_case(case: Case, caps: Capabilities, empty_steps: bool = False) -> Case | None:
+    """A drawn case as the release would see it: requests in its batch order, graph padding only
+    where it has it (the same extra rows over the widest rank of its own era's layout), one query
+    token per decode where it rejects drafts, and no empty step unless asked (None: not a step
+    this release runs)."""
+    batch = case.batch
+    empty = not any(r.num_tokens for r in batch.requests)
+    if empty and not empty_steps:
+        return None
+    if DRAFT in caps.not_applicable:  # no speculative tokens: a decode has 1 query token
+        batch = dataclasses.replace(batch, requests=tuple(
+            r if r.prefilling else dataclasses.replace(r, num_tokens=min(r.num_tokens, 1))
+            for r in batch.requests))
+    ordered = release_order(batch)
+    if batch.regime not in DRAFT_REGIMES:
+        graph = 0
+        if batch.graph_size and caps.graph_padding and not empty:  # no graph runs empty
+            extra = batch.graph_size - int(reference.layout(batch).counts.max(initial=0))
+            widest = reference.layout(dataclasses.replace(ordered, graph_size=0),
+                                      era=caps.era).counts.max(initial=0)
+            graph = int(widest) + max(extra, 1)
+        ordered = dataclasses.replace(ordered, graph_size=graph)
+    return dataclasses.replace(case, batch=ordered)
 
 
 def replay_command(release: ReleaseInfo, observation) -> str:
@@ -77,7 +96,3 @@ def counterexample(release: ReleaseInfo, regime: str, observation: ReleaseObserv
         lines += ["    " + line.replace("\n", "\n    ") for line in diff]
     lines.append("  replay: " + replay_command(release, observation))
     return "\n".join(lines)
-
-
-def replay(release: ReleaseInfo, backend, case_json: str) -> ReleaseObservation:
-    return observe_release_case(Case.from_json(case_json), release, backend)

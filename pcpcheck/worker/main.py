@@ -1,11 +1,11 @@
 """Where a rank runs: the worker process, the only process that imports and calls the target.
 Each is forked by the driver's fork server (pcpcheck.backends.forkserver).
 
-A worker hosts either every rank of a world as greenlets (`threads`: pcpcheck.runner schedules
-them) or one rank of a torch.distributed group (`gloo`, `nccl`, `torchrun`). It loads its own
+A worker hosts either every rank of a world as greenlets (`threads`: pcpcheck.worker.runner
+schedules them) or one rank of a torch.distributed group (`gloo`, `nccl`, `torchrun`). It loads its own
 instance of the target per rank it hosts (the file executed once per rank, under distinct module
 names: module globals are never shared between ranks), builds each rank's inputs from the bytes
-the driver sent, calls the target, and sends back plain data (pcpcheck.backends.wire): errors,
+the driver sent, calls the target, and sends back plain data (pcpcheck.shared.messages): errors,
 collective traces, what each rank printed, and the raw bytes of the returned and input tensors.
 It never judges. The driver decodes, judges, and stops a worker whose rank runs out of time:
 the worker publishes which rank runs, and for how long, in a small shared status file.
@@ -20,22 +20,19 @@ import json
 import mmap
 import os
 import signal
-import struct
 import sys
 import time
 
 import torch
 
-from pcpcheck.backends import wire
-from pcpcheck.backends.process_group import finish
-from pcpcheck.runner import FINISHED, RUNNING, WAITING, CollectiveAborted, RankOutcome, ThreadRunner
-
-MAX_OUTPUT = 4000  # bytes of a rank's printing kept per case
-MAX_RANKS = 8
-STATUS = struct.Struct(f"<qd{MAX_RANKS}d{MAX_RANKS}b")  # running rank, since, seconds/rank, states
-MAX_BATCH = 32  # cases per message at most
-MAX_AHEAD = 2 * MAX_BATCH  # cases a peer may run while a rank waits in a header round (2 batches)
-
+from pcpcheck.shared import wire
+from pcpcheck.shared.errors import LoadError
+from pcpcheck.shared.lifetime import die_with_parent
+from pcpcheck.shared.messages import (FINISHED, MAX_AHEAD, MAX_OUTPUT, MAX_RANKS, RELEASE, RUNNING,
+                                      STATUS, STEP_FIELDS, WAITING, encode_rank, rank_inputs,
+                                      trace_entry)
+from pcpcheck.worker.process_group import finish
+from pcpcheck.worker.runner import CollectiveAborted, RankOutcome, ThreadRunner
 
 class Status:
     """The shared status file: which rank runs since when, each rank's time so far, its state.
@@ -106,63 +103,6 @@ class Capture:
         return b"".join(chunks).decode("utf-8", "replace")
 
 
-def _die_with_parent(parent: int) -> None:
-    """Linux: the kernel kills this worker when the driver dies, even by SIGKILL."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - not Linux: the closed pipe still ends an idle worker
-        pass
-    if os.getppid() != parent:
-        os._exit(1)
-
-
-def _inputs(header: dict, blobs: list, slot: int, device):
-    """One rank's (tensors, slot_mapping, nd), fresh tensors built from the driver's bytes."""
-    count = len(header["tensors"])
-    base = slot * (count + 1)
-    tensors = []
-    for k, (dtype, trailing) in enumerate(header["tensors"]):
-        content = blobs[base + k]
-        rows = len(content) // max(1, _row_bytes(dtype, trailing))
-        tensor = wire.tensor_from_bytes(dtype, [rows, *trailing], content)
-        tensors.append(tensor.to(device) if device.type != "cpu" else tensor)
-    slots = wire.tensor_from_bytes("int64", [len(blobs[base + count]) // 8], blobs[base + count])
-    if device.type != "cpu":
-        slots = slots.to(device)
-    return tuple(tensors), slots, header["nds"][slot]
-
-
-def _row_bytes(dtype: str, trailing) -> int:
-    size = wire._dtype_by_name(dtype)[1]
-    for n in trailing:
-        size *= n
-    return size
-
-
-def _trace_entry(entry) -> list:
-    return [item if isinstance(item, (int, str)) else list(item) if isinstance(item, tuple)
-            else repr(item) for item in entry]
-
-
-def encode_rank(rank: int, outcome: RankOutcome, inputs, output: str, blobs: list) -> dict:
-    """One rank's result as plain data (tensors' bytes appended to blobs)."""
-    result = {"rank": rank, "error": outcome.error, "error_detail": outcome.error_detail,
-              "trace": [_trace_entry(e) for e in outcome.trace], "output": output, "value": None,
-              "input_device": str(inputs[1].device)}
-    if outcome.error is None:
-        try:
-            result["value"] = wire.encode_value(outcome.value, blobs)
-        except Exception as exc:  # noqa: BLE001 - sparse, meta, a storage that cannot be read
-            result["error"] = f"returned tensors pcpcheck cannot read: {type(exc).__name__}: {exc}"[:300]
-    after = []
-    for tensor in (*inputs[0], inputs[1]):
-        blobs.append(wire.tensor_bytes(tensor)[2])
-        after.append(len(blobs) - 1)
-    result["inputs_after"] = after
-    return result
-
-
 class Worker:
     def __init__(self, config: dict):
         self.config = config
@@ -179,8 +119,7 @@ class Worker:
 
     # --- loading ----------------------------------------------------------------------------
     def load(self, header: dict) -> None:
-        from pcpcheck.backends.base import RELEASE
-        from pcpcheck.loader import LoadError, load_target
+        from pcpcheck.worker.loader import load_target
         if header["function"] == RELEASE:
             self.load_release(header)
             return
@@ -275,7 +214,7 @@ class Worker:
     def _release_case(self, header):
         """A release's step on every rank as greenlets: rank_step lays it out with the rank's
         own PCPManager and calls the release's entry; the layout goes back as plain data."""
-        from pcpcheck.vllm.run import STEP_FIELDS, rank_step
+        from pcpcheck.vllm.step import rank_step
         size, case_json, spec = header["size"], header["step"], json.loads(header["source"])
         ranges = [[] for _ in range(size)]
         outcomes = self.threads.run(size, lambda rank: rank_step(case_json, spec, rank),
@@ -291,16 +230,16 @@ class Worker:
                 result = encode_rank(rank, call, step["inputs"], text, out_blobs)
             else:  # no call: the manager raised (in the step), or rank_step itself did
                 result = {"rank": rank, "error": outcome.error, "error_detail": outcome.error_detail,
-                          "trace": [_trace_entry(e) for e in outcome.trace], "output": text,
+                          "trace": [trace_entry(e) for e in outcome.trace], "output": text,
                           "value": None, "inputs_after": None}
             result["step"] = None if step is None else {key: step.get(key) for key in STEP_FIELDS}
             results.append(result)
         return results, out_blobs
 
     def _threads_case(self, header, blobs, targets):
-        from pcpcheck.rankctx import current_group
+        from pcpcheck.worker.rankctx import current_group
         size, shard = header["size"], header["shard"]
-        inputs = [_inputs(header, blobs, rank, self.device) for rank in range(size)]
+        inputs = [rank_inputs(header, blobs, rank, self.device) for rank in range(size)]
         ranges = [[] for _ in range(size)]
         on_switch = self._on_switch(ranges)
 
@@ -315,9 +254,9 @@ class Worker:
         return results, out_blobs
 
     def _rank_case(self, header, blobs, target):
-        from pcpcheck.backends.process_group import CheckedGroup
+        from pcpcheck.worker.process_group import CheckedGroup
         rank = self.adapter.rank_in_group
-        inputs = _inputs(header, blobs, 0, self.device)
+        inputs = rank_inputs(header, blobs, 0, self.device)
         outcome = RankOutcome()
 
         def on_wait(waiting: bool) -> None:
@@ -344,7 +283,7 @@ class Worker:
     def join_group(self) -> None:
         import datetime
         import torch.distributed as dist
-        from pcpcheck.backends.process_group import GroupAdapter
+        from pcpcheck.worker.process_group import GroupAdapter
         config = self.config
         backend = config["mode"]
         startup = datetime.timedelta(seconds=config["startup_timeout"])
@@ -389,7 +328,7 @@ class Worker:
 
 def main(config: dict) -> None:
     """The worker, in a process pcpcheck.backends.forkserver forked for it; never returns."""
-    _die_with_parent(config["parent"])
+    die_with_parent(config["parent"])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; it stops us
     try:
         Worker(config).serve()

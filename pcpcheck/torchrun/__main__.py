@@ -1,7 +1,7 @@
 """torchrun without torch's failure report: `python -m pcpcheck.torchrun [torchrun options] --
 [pcpcheck check arguments]`.
 
-Plain `torchrun ... -m pcpcheck.backends.torchrun ARGS` works too, but torchrun's own agent
+Plain `torchrun ... -m pcpcheck.torchrun.rank ARGS` works too, but torchrun's own agent
 prints a ChildFailedError report (a traceback-like block) whenever a rank exits non-zero, which
 is what a violation is (exit 1). This launcher runs torchrun's launcher in-process
 (`torch.distributed.run.run`), keeps its agent's logging to errors of its own, and exits with
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 
-MODULE = "pcpcheck.backends.torchrun"
+MODULE = "pcpcheck.torchrun.rank"
 USAGE = "usage: python -m pcpcheck.torchrun [torchrun options] -- [pcpcheck check arguments]"
 
 

@@ -25,7 +25,6 @@ import torch
 _FRAME = struct.Struct("<II")
 MAX_MESSAGE = 512 << 20  # bytes; a longer frame is a malformed message
 MAX_ITEMS = 4096  # elements of a returned tuple/list encoded one by one
-TRACE_INCOMPLETE = "incomplete"  # == spec.invariants.INCOMPLETE (tests/test_runner.py checks)
 
 
 class ChannelClosed(EOFError):

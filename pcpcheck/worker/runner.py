@@ -1,5 +1,5 @@
 """P ranks in one process, exchanging real tensors: the scheduler of the `threads` backend's
-worker (pcpcheck.backends.worker) and of trusted in-process tests.
+worker (pcpcheck.worker.main) and of trusted in-process tests.
 
 Ranks are greenlets scheduled cooperatively on the calling thread: a rank runs until it enters a
 collective or returns, then the next rank runs; when every rank waits in the same collective, it
@@ -20,11 +20,9 @@ from dataclasses import dataclass, field
 import torch
 from greenlet import greenlet
 
-from pcpcheck.rankctx import bound_group
-from pcpcheck_spec.invariants import INCOMPLETE  # not wire's copy: pcpcheck.backends imports this module
-
-# rank states reported through on_switch's host (pcpcheck.backends.worker.Status)
-NOT_STARTED, RUNNING, WAITING, FINISHED = 0, 1, 2, 3
+from pcpcheck.shared.messages import FINISHED, RUNNING, WAITING
+from pcpcheck.worker.rankctx import bound_group
+from pcpcheck_spec.names import INCOMPLETE
 
 
 class CollectiveAborted(RuntimeError):

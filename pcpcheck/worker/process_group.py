@@ -23,8 +23,8 @@ import zlib
 
 import torch
 
-from pcpcheck.backends.wire import TRACE_INCOMPLETE
-from pcpcheck.runner import CollectiveAborted
+from pcpcheck.worker.runner import CollectiveAborted
+from pcpcheck_spec.names import INCOMPLETE
 
 _HEADER = 16  # [kind, case, dim, ndim, dtype code, shape (11, -1 padded)]
 _HEAD_BYTES = _HEADER * 8
@@ -121,7 +121,7 @@ class CheckedGroup:
 
     def _abort(self, reason: str) -> CollectiveAborted:
         message = f"all_gather on rank {self.rank_in_group} never completed: {reason}"
-        self._trace.append((TRACE_INCOMPLETE, message))
+        self._trace.append((INCOMPLETE, message))
         return CollectiveAborted(message)
 
     def _exchange(self, header: list[int], payload):

@@ -13,10 +13,9 @@ import numpy as np
 import torch
 
 import pcpcheck_reference as reference
-import pcpcheck_spec.invariants as inv
-from pcpcheck.cases import LABEL_KEY, Case, as_bytes, as_tensor, row_content
+from pcpcheck.shared.case import LABEL_KEY, Case, as_bytes, as_tensor, row_content
 from pcpcheck_spec import model
-from pcpcheck_spec.names import NO_ROW, Batch
+from pcpcheck_spec.names import INCOMPLETE, NO_ROW, Batch
 from pcpcheck_spec.registry import Step, evaluate
 
 
@@ -250,7 +249,7 @@ def observe(prepared: Prepared, rank: int, result) -> RankView:
 
 def incomplete(trace) -> bool:
     """Whether a rank's trace records a collective or call that never completed."""
-    return any(entry[0] == inv.INCOMPLETE for entry in trace)
+    return any(entry[0] == INCOMPLETE for entry in trace)
 
 
 def _malformed(value, specs, slot_dtype: torch.dtype, device: str) -> str | None:

@@ -1,0 +1,56 @@
+"""From search results to what the API returns: a CheckResult with its regime summaries, its
+counterexamples (their report text, whether the baseline knows them, which shown one each folds
+into) and the baseline's outcome."""
+
+from __future__ import annotations
+
+from pcpcheck import report
+from pcpcheck.baseline import Baseline
+from pcpcheck.results import (BaselineOutcome, CheckResult, Counterexample, InvariantCount,
+                              Options, RegimeSummary, ReleaseRecord, ViolationRecord, version)
+from pcpcheck_spec.names import HAZARD_REGIMES
+from pcpcheck_spec.registry import IDS
+
+
+def summary(result) -> RegimeSummary:
+    return RegimeSummary(result.regime, result.cases, round(result.seconds, 3),
+                         round(result.check_seconds, 3),
+                         tuple(InvariantCount(i, result.checked[i], result.violated[i])
+                               for i in IDS if i in result.checked),
+                         result.budget_reached, result.not_applicable or None)
+
+
+def result(source: str, target, options: Options, results, baseline: Baseline,
+            describe=None, release: ReleaseRecord | None = None) -> CheckResult:
+    """`describe(regime, observation, replays) -> (replay command, report text)`: default the
+    gather's (`pcpcheck check`)."""
+    if describe is None:
+        def describe(regime, observation, replays):
+            return (report.replay_command(target.source, observation, options.function),
+                    report.counterexample(observation, regime, target.source, options.function,
+                                          target, replays))
+    shrunk = [(r.regime, o, p) for r in results for o, p in zip(r.counterexamples, r.replays)]
+    violated = {(r.regime, i) for r in results for i, n in r.violated.items() if n}
+    known = {e for e in baseline.entries if e in violated}
+    into = report.fold([(regime, o) for regime, o, _ in shrunk])
+    counterexamples = []
+    for (regime, observation, replays), host in zip(shrunk, into):
+        command, text = describe(regime, observation, replays)
+        counterexamples.append(Counterexample(
+            regime=regime,
+            violations=tuple(ViolationRecord(v.invariant, tuple(v.ranks))
+                             for v in observation.violations),
+            case=observation.prepared.case.to_json(),
+            replay=command, report=text,
+            known=all((regime, v.invariant) in known for v in observation.violations),
+            hazard=regime in HAZARD_REGIMES,
+            flaky=(replays.runs, replays.reproduced) if replays.flaky else None,
+            folded_into=host, observation=observation))
+    outcome = None
+    if options.baseline:  # an entry is found when its invariant was violated in its regime
+        outcome = BaselineOutcome(
+            options.baseline, tuple(e for e in baseline.entries if e in known),
+            tuple(e for e in baseline.entries if e not in known and e[0] in options.regimes))
+    return CheckResult(version(), source, target.name, tuple(target.stand_ins), options,
+                       tuple(summary(r) for r in results), tuple(counterexamples), outcome,
+                       release=release)

@@ -1,0 +1,304 @@
+"""What the API returns, and its JSON (`docs/json-schema.md`): a CheckResult per check, a
+DiffResult per diff. Every rendering (the terminal report, JSON, JUnit, HTML, reproducers, pytest
+items) reads these and computes no verdict of its own: `CheckResult.outcome` is the one answer
+per regime x invariant.
+
+A CheckResult is immutable and round-trips through JSON; the live `Observation` of each
+counterexample (for `--html`) rides along in memory only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+SCHEMA_VERSION = 1
+EXIT_HOLDS, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
+DEFAULT_MAX_EXAMPLES = 3000  # cases per regime of `pcpcheck check` and `diff`
+DEFAULT_RELEASE_EXAMPLES = 1000  # steps per regime of `pcpcheck vllm` (each runs a release's manager)
+
+
+def version() -> str:
+    """pcpcheck's version, as installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+    try:
+        return dist_version("pcpcheck")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class Options:
+    regimes: tuple[str, ...]
+    max_examples: int
+    max_ranks: int
+    seed: int | None
+    budget_s: float | None
+    backend: str
+    world_sizes: tuple[int, ...] | None
+    device: str
+    timeout: float
+    function: str | None
+    baseline: str | None
+    empty_steps: bool = False  # pcpcheck vllm: also steps with no scheduled token (a hazard)
+
+
+@dataclass(frozen=True)
+class InvariantCount:
+    invariant: str
+    checked: int  # cases on which it was evaluated
+    violated: int  # of which it failed
+
+
+@dataclass(frozen=True)
+class RegimeSummary:
+    regime: str
+    cases: int
+    seconds: float
+    check_seconds: float  # running and judging alone (drawing and shrinking excluded)
+    invariants: tuple[InvariantCount, ...]
+    budget_reached: bool  # stopped by --budget before max_examples
+    not_applicable: str | None = None  # why the target cannot reach this regime (nothing drawn)
+
+    @property
+    def checked(self) -> dict[str, int]:
+        return {c.invariant: c.checked for c in self.invariants}
+
+    @property
+    def violated(self) -> dict[str, int]:
+        return {c.invariant: c.violated for c in self.invariants if c.violated}
+
+    def count(self, invariant: str) -> InvariantCount:
+        return next((c for c in self.invariants if c.invariant == invariant),
+                    InvariantCount(invariant, 0, 0))
+
+
+@dataclass(frozen=True)
+class ViolationRecord:
+    invariant: str
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Counterexample:
+    regime: str
+    violations: tuple[ViolationRecord, ...]  # the first is what the case is reported under
+    case: str  # Case JSON: `pcpcheck check TARGET --replay CASE`
+    replay: str  # that command line
+    report: str  # the text report
+    known: bool  # every invariant it violates is listed in the baseline for its regime
+    hazard: bool = False  # found in a hazard regime (spec.names.HAZARD_REGIMES)
+    flaky: tuple[int, int] | None = None  # (replays, how many showed it) when not all did
+    folded_into: int | None = None  # index of the shown counterexample that also shows it
+    observation: object = field(default=None, compare=False, repr=False)  # in memory only
+
+    @property
+    def invariant(self) -> str:
+        return self.violations[0].invariant
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return self.violations[0].ranks
+
+
+@dataclass(frozen=True)
+class BaselineOutcome:
+    path: str
+    known: tuple[tuple[str, str], ...]  # (regime, invariant) listed and violated in this run
+    fixed: tuple[tuple[str, str], ...]  # listed, regime checked, not violated: shrink the file
+
+
+@dataclass(frozen=True)
+class ReleaseRecord:
+    """What `check_release` checked: a vLLM release's files, as its worker read them."""
+
+    release: str  # the version the source states
+    kind: str  # wheel | checkout | installed
+    location: str
+    files: tuple[tuple[str, str], ...]  # (path in the release, sha256) of every file read
+    adapted: tuple[str, ...]  # working stand-ins given and how pcpcheck adapted to the release
+    layout_model: str  # the reference layout era that judged it (reference.ERAS)
+    capabilities: dict = field(default_factory=dict)  # read from its code (vllm.release.Capabilities)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    version: str
+    target: str  # as given (a path, module:function, impl)
+    target_name: str
+    stand_ins: tuple[str, ...]  # vllm names the loader stood in for
+    options: Options
+    regimes: tuple[RegimeSummary, ...]
+    counterexamples: tuple[Counterexample, ...]
+    baseline: BaselineOutcome | None = None
+    reproducers: tuple[str, ...] = ()  # files written by --repro-dir
+    schema: int = SCHEMA_VERSION
+    release: ReleaseRecord | None = None  # `pcpcheck vllm`: the release checked
+    seconds: float = 0.0  # wall clock of the whole search (regimes may run at once: --jobs)
+
+    def _known(self) -> set[tuple[str, str]]:
+        return set(self.baseline.known) if self.baseline else set()
+
+    @property
+    def failures(self) -> tuple[tuple[str, str], ...]:
+        """Every (regime, invariant) violated and not listed in the baseline: what fails a run
+        (and a pytest item, and a JUnit case)."""
+        known = self._known()
+        return tuple((s.regime, c.invariant) for s in self.regimes for c in s.invariants
+                     if c.violated and (s.regime, c.invariant) not in known)
+
+    @property
+    def new_violations(self) -> tuple[Counterexample, ...]:
+        """The counterexamples that show a violation outside the baseline."""
+        return tuple(c for c in self.counterexamples if not c.known)
+
+    @property
+    def holds(self) -> bool:
+        """No violation outside the baseline."""
+        return not self.failures
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_HOLDS if self.holds else EXIT_VIOLATION
+
+    def summary(self, regime: str) -> RegimeSummary:
+        return next(s for s in self.regimes if s.regime == regime)
+
+    def outcome(self, regime: str, invariant: str) -> tuple[str, Counterexample | None]:
+        """One regime x invariant, the one answer every rendering gives (terminal, JSON exit
+        code, JUnit, pytest items): "n/a" (not checked there: the invariant does not apply, or
+        the regime is not applicable to the target), "passed", "known" (violated, listed in the
+        baseline) or "failed", with the counterexample that shows it (reported under it if one
+        is, else one that also violates it)."""
+        count = self.summary(regime).count(invariant)
+        if not count.checked:
+            return "n/a", None
+        if not count.violated:
+            return "passed", None
+        cases = [c for c in self.counterexamples if c.regime == regime]
+        cited = next((c for c in cases if c.invariant == invariant), None) or next(
+            (c for c in cases if any(v.invariant == invariant for v in c.violations)), None)
+        return ("known" if (regime, invariant) in self._known() else "failed"), cited
+
+    @property
+    def verdict(self) -> str:
+        return "holds" if self.holds else "violated"
+
+    def verdicts(self) -> dict[str, str]:
+        """regime -> 'holds' | 'n/a: reason' | 'VIOLATED: ID, ID' (first IDs of its counterexamples)."""
+        out = {}
+        for summary in self.regimes:
+            found = [c.invariant for c in self.counterexamples if c.regime == summary.regime]
+            out[summary.regime] = (f"n/a: {summary.not_applicable}" if summary.not_applicable
+                                   else "VIOLATED: " + ", ".join(found) if found else "holds")
+        return out
+
+    def to_json(self) -> str:
+        """The document of docs/json-schema.md."""
+        return json.dumps({
+            "schema": self.schema, "tool": "pcpcheck", "version": self.version,
+            "verdict": self.verdict, "target": self.target, "target_name": self.target_name,
+            "stand_ins": list(self.stand_ins), "options": asdict(self.options),
+            "regimes": {s.regime: {
+                "cases": s.cases, "seconds": s.seconds, "check_seconds": s.check_seconds,
+                "budget_reached": s.budget_reached, "not_applicable": s.not_applicable,
+                "invariants": {c.invariant: {"checked": c.checked, "violated": c.violated}
+                               for c in s.invariants}} for s in self.regimes},
+            "counterexamples": [{
+                "regime": c.regime, "invariant": c.invariant, "ranks": list(c.ranks),
+                "violations": [{"invariant": v.invariant, "ranks": list(v.ranks)}
+                               for v in c.violations],
+                "known": c.known, "hazard": c.hazard,
+                "flaky": None if c.flaky is None else {"replays": c.flaky[0], "reproduced": c.flaky[1]},
+                "folded_into": c.folded_into, "case": json.loads(c.case), "replay": c.replay,
+                "report": c.report} for c in self.counterexamples],
+            "baseline": None if self.baseline is None else {
+                "path": self.baseline.path, "known": [list(e) for e in self.baseline.known],
+                "fixed": [list(e) for e in self.baseline.fixed]},
+            "reproducers": list(self.reproducers), "seconds": self.seconds,
+            "release": None if self.release is None else {
+                **asdict(self.release), "files": dict(self.release.files),
+                "adapted": list(self.release.adapted)},
+        }, indent=2)
+
+    @staticmethod
+    def from_json(text: str) -> "CheckResult":
+        data = json.loads(text)
+        if data.get("schema") != SCHEMA_VERSION:
+            raise ValueError(f"result schema {data.get('schema')!r}; this pcpcheck reads {SCHEMA_VERSION}")
+        options = data["options"]
+        sizes = options["world_sizes"]
+        baseline = data["baseline"]
+        return CheckResult(
+            version=data["version"], target=data["target"], target_name=data["target_name"],
+            stand_ins=tuple(data["stand_ins"]),
+            options=Options(**{**options, "regimes": tuple(options["regimes"]),
+                               "world_sizes": None if sizes is None else tuple(sizes)}),
+            regimes=tuple(RegimeSummary(
+                regime, r["cases"], r["seconds"], r["check_seconds"],
+                tuple(InvariantCount(i, c["checked"], c["violated"])
+                      for i, c in r["invariants"].items()), r["budget_reached"],
+                r.get("not_applicable"))
+                for regime, r in data["regimes"].items()),
+            counterexamples=tuple(Counterexample(
+                regime=c["regime"],
+                violations=tuple(ViolationRecord(v["invariant"], tuple(v["ranks"]))
+                                 for v in c["violations"]),
+                case=json.dumps(c["case"], separators=(",", ":")), replay=c["replay"],
+                report=c["report"], known=c["known"], hazard=c["hazard"],
+                flaky=None if c["flaky"] is None else (c["flaky"]["replays"], c["flaky"]["reproduced"]),
+                folded_into=c["folded_into"]) for c in data["counterexamples"]),
+            baseline=None if baseline is None else BaselineOutcome(
+                baseline["path"], tuple(map(tuple, baseline["known"])),
+                tuple(map(tuple, baseline["fixed"]))),
+            reproducers=tuple(data["reproducers"]), schema=data["schema"],
+            seconds=data.get("seconds", 0.0),
+            release=None if data.get("release") is None else ReleaseRecord(**{
+                **data["release"], "files": tuple(data["release"]["files"].items()),
+                "adapted": tuple(data["release"]["adapted"]),
+                "capabilities": data["release"].get("capabilities", {})}))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """`replay`'s answer for one case."""
+
+    holds: bool
+    violated: tuple[str, ...]  # invariant IDs, the first is what the case is reported under
+    report: str  # the counterexample as `pcpcheck check` prints it, or "" when it holds
+
+
+@dataclass(frozen=True)
+class RegimeDiff:
+    regime: str
+    cases: int
+    case: str | None  # the minimal differing case (Case JSON), None when the outcomes agree
+    report: str  # the side-by-side text, "" when they agree
+    not_applicable: str | None = None  # why one of the targets cannot reach the regime
+
+
+@dataclass(frozen=True)
+class DiffResult:
+    version: str
+    old: str
+    new: str
+    options: Options
+    regimes: tuple[RegimeDiff, ...]
+    schema: int = SCHEMA_VERSION
+
+    @property
+    def differs(self) -> bool:
+        return any(r.case is not None for r in self.regimes)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_VIOLATION if self.differs else EXIT_HOLDS
+
+    def to_json(self) -> str:
+        document = asdict(self)
+        for regime in document["regimes"]:
+            regime["case"] = None if regime["case"] is None else json.loads(regime["case"])
+        return json.dumps({"schema": document.pop("schema"), "kind": "diff",
+                           "verdict": "different" if self.differs else "same", **document},
+                          indent=2)

@@ -1,0 +1,43 @@
+"""Every error pcpcheck raises to its caller; str(error) is one line for the user.
+
+The command line exits 2 on each and says what it is in words (`pcpcheck.cli`), never with the
+class name. Both sides raise them: a worker reports a load failure by kind, and the driver raises
+the same class (pcpcheck.shared.messages.target_info).
+"""
+
+
+class UsageError(ValueError):
+    """Bad options or a malformed case given from outside."""
+
+
+class LoadError(Exception):
+    """A target could not be loaded."""
+
+
+class SourceError(LoadError):
+    """A vLLM SOURCE (release, wheel, checkout) cannot be resolved or read."""
+
+
+class InterfaceDrift(LoadError):
+    """A vLLM release lacks (or renamed) an internal pcpcheck drives."""
+
+
+class WorkerError(Exception):
+    """Worker processes could not start (not the target's doing: no target is loaded yet)."""
+
+
+class CheckerError(Exception):
+    """pcpcheck itself failed (not the target): a bug to report, never a verdict."""
+
+
+# What the command line says before each message (the most specific class first).
+WHAT = ((UsageError, "usage error"), (SourceError, "cannot read the vLLM source"),
+        (InterfaceDrift, "cannot drive this vLLM release"), (LoadError, "cannot load target"),
+        (WorkerError, "rank processes failed"), (CheckerError, "internal error"))
+ERRORS = tuple(kind for kind, _ in WHAT)
+
+
+def error_line(exc: Exception) -> str:
+    """One of these errors as one line of words: "usage error: ...", "cannot load target: ..."."""
+    what = next(text for kind, text in WHAT if isinstance(exc, kind))
+    return f"{what}: {(str(exc).splitlines() or [''])[0]}"

@@ -1,0 +1,154 @@
+"""One release case judged in the driver: each rank's layout (from its worker's report, plain
+data) against the reference of the release's era (LAYOUT), then the caches by every gather
+invariant (pcpcheck.judge.judge). Release code never runs here (pcpcheck.vllm.step runs it in the
+worker)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import pcpcheck_reference as reference
+from pcpcheck.judge import Observation, Prepared, RankView, Violation, judge, observe
+from pcpcheck.shared.case import Case, row_content
+from pcpcheck.shared.messages import Capabilities, ReleaseInfo, ReleaseStep
+from pcpcheck.vllm.inputs import global_maps
+from pcpcheck_spec.names import DCP, DRAFT_REGIMES, LAYOUT, RETURNS, SHARDED, Batch
+from pcpcheck_spec.registry import BY_ID
+
+
+@dataclass
+class ReleaseObservation(Observation):
+    layout_diffs: dict[int, list[str]] = field(default_factory=dict)  # manager rank -> lines
+    entry: str = ""  # which release function the ranks called
+
+
+def _prepared(case: Case, steps: list, fallback) -> Prepared:
+    """The driver's view of the ranks' inputs (from their reports; the reference layout for a
+    rank that has none) and the global write every rank's cache must equal (or shard)."""
+    tokens, slot_maps, nds = [], [], []
+    for rank, step in enumerate(steps):
+        if step is not None and step.get("tokens") is not None:
+            tokens.append(np.array(step["tokens"], dtype=np.int64))
+            slot_maps.append(np.array(step["slot_map"], dtype=np.int64))
+            nds.append(int(step["nd"]))
+        else:
+            tokens.append(np.asarray(fallback.tokens[rank], dtype=np.int64))
+            slot_maps.append(np.asarray(fallback.slot_maps[rank], dtype=np.int64))
+            nds.append(int(fallback.num_decode_tokens[rank]))
+    sources = [[row_content(tokens[r], k, spec.row_bytes) for k, spec in enumerate(case.tensors)]
+               for r in range(len(tokens))]
+    expected = [dict(zip(s.tolist(), t.tolist())) for s, t in reference.expected_caches(case.batch)]
+    shard = case.batch.regime == SHARDED
+    labels = np.unique(np.concatenate(tokens)) if tokens else np.zeros(0, dtype=np.int64)
+    return Prepared(case, tokens, sources, slot_maps, nds, shard, expected, labels)
+
+
+def _step(result) -> dict | None:
+    """A rank's rank_step report as the driver trusts it: the fields it reads, well typed, or
+    None (the worker's process hosts release code: what it sends is checked, never assumed)."""
+    step = result.step
+    try:
+        if step is None or not isinstance(step.get("entry", ""), str):
+            return None
+        if step.get("layout_error") is not None:
+            return {"layout_error": str(step["layout_error"])[:300], "entry": str(step["entry"])}
+        if not all(isinstance(v, int) for v in step["tokens"] + step["slot_map"]) \
+                or not isinstance(step["nd"], int):
+            return None
+        if step["layout"] is not None and not isinstance(step["layout"], dict):
+            return None
+        return step
+    except (AttributeError, KeyError, TypeError):
+        return None
+
+
+def observe_release_case(case: Case, release: ReleaseInfo, backend) -> ReleaseObservation:
+    """Run the case on every rank in the backend's worker (rank_step there) and judge it here:
+    LAYOUT against the reference of the release's era, then every gather invariant."""
+    batch = case.batch
+    results = backend.run(ReleaseStep(case), release)
+    steps = [_step(result) for result in results]
+    expanded = batch.regime not in DRAFT_REGIMES
+    caps = capabilities(release)
+    prepared = _prepared(case, [s if s and not s.get("layout_error") else None for s in steps],
+                         reference.layout(batch, era=caps.era))
+    conforms = BY_ID[LAYOUT].predicate
+    layout_bad, diffs, views = [], {}, []
+    for rank, (result, step) in enumerate(zip(results, steps)):
+        if step is not None and step.get("layout_error"):
+            why = step["layout_error"]
+            if expanded:
+                layout_bad.append(rank)
+                diffs[rank] = [f"the manager raised: {why}"]
+            views.append(RankView(error=f"no call: {why}", trace=result.trace,
+                                  caches=[{} for _ in case.tensors],
+                                  rows=[[] for _ in case.tensors]))
+            continue
+        if expanded and step is not None:
+            want = expected_view(batch, caps.era, rank, caps.replicated_method)
+            if not conforms(want, step["layout"]):
+                layout_bad.append(rank)
+                diffs[rank] = differences(want, step["layout"])
+        views.append(observe(prepared, rank, result))  # a rank that never reported: its trace says
+    if any(step is not None and step.get("layout_error") for step in steps):
+        violations = [Violation(LAYOUT if expanded else RETURNS, layout_bad or [
+            r for r, s in enumerate(steps) if s is not None and s.get("layout_error")])]
+        checked = (LAYOUT,) if expanded else (RETURNS,)
+    else:
+        violations, checked = judge(prepared, views)
+        if expanded:
+            checked = (LAYOUT, *checked)
+            if layout_bad:
+                violations.insert(0, Violation(LAYOUT, layout_bad))
+    entry = next((s["entry"] for s in steps if s), "")
+    return ReleaseObservation(prepared, views, violations, checked, diffs, entry)
+
+
+def capabilities(release: ReleaseInfo) -> Capabilities:
+    """The release's capabilities, as its worker read them from its code (plain data)."""
+    return Capabilities(**release.release["caps"])
+
+
+def reference_view(batch: Batch, era: str, with_replicated: bool = True) -> dict:
+    """The reference model's layout of `batch` in `era`, as every rank's manager must see it."""
+    lay = reference.layout(batch, era=era)
+    pp, width = batch.pcp_size, lay.width
+    n = sum(r.num_tokens for r in batch.requests)
+    gidx = lay.gidx.tolist()
+    view = {
+        "rows": [gidx[r * width: r * width + int(lay.counts[r])] for r in range(pp)],
+        "num_decode_tokens": [int(v) for v in lay.num_decode_tokens],
+        "width": width,
+        "gidx": gidx,
+        "wmask": lay.wmask.tolist(),
+        "restore": reference.hidden_restore_index(lay, n).tolist(),
+    }
+    if with_replicated:
+        view["replicated"] = reference.replicated_requests(batch, era)
+    view["expanded"] = {}
+    return view
+
+
+def expected_expanded(batch: Batch, era: str, dcp_rank: int) -> list[list[int]]:
+    lay = reference.layout(batch, era=era)
+    return [reference.expand_slot_mapping(lay.gidx, lay.wmask, group).tolist()
+            for group in global_maps(batch, dcp_rank)]
+
+
+def expected_view(batch: Batch, era: str, rank: int, with_replicated: bool) -> dict:
+    """reference_view plus the expanded maps rank `rank`'s manager must build."""
+    view = reference_view(batch, era, with_replicated)
+    view["expanded"] = expected_expanded(batch, era, rank if batch.regime == DCP else 0)
+    return view
+
+
+def differences(expected: dict, actual: dict) -> list[str]:
+    """One line per differing field: reference | release (side by side)."""
+    lines = []
+    for key in actual:
+        if actual[key] != expected.get(key):
+            lines.append(f"{key:<18} reference {expected.get(key)}\n"
+                         f"{'':<18} release   {actual[key]}")
+    return lines
