@@ -1,5 +1,5 @@
-"""The driver's own work per case, printed, never asserted: microseconds of `check.prepare`,
-`check.observe` (every rank) and `check.judge` on pre-drawn cases, per PCP size P.
+"""The driver's own work per case, printed, never asserted: microseconds of `judge.prepare`,
+`judge.observe` (every rank) and `judge.judge` on pre-drawn cases, per PCP size P.
 
 The workers' replies are collected once (threads backend, bundled impl, every regime mixed), then
 each phase is timed alone over the whole batch: the driver's CPU time (no worker runs meanwhile;

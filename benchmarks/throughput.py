@@ -1,8 +1,8 @@
 """Throughput of the check's hot loop: cases per second, printed, never asserted.
 
 - run+judge: a backend plus judging, on pre-drawn cases, per PCP size P: one case per round
-  trip (`check.run_case` per case: what a search that draws each case after judging the last
-  one gets), and streamed (`check.run_cases`: the backend sends several cases per message and
+  trip (`judge.run_case` per case: what a search that draws each case after judging the last
+  one gets), and streamed (`judge.run_cases`: the backend sends several cases per message and
   keeps two messages in flight, base.BatchedBackend); threads (one worker process hosting the
   P ranks) and, with --backends, gloo (one process per rank, real collectives);
 - end to end: `engine.search` on the bundled impl, drawing included (threads).

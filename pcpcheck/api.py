@@ -203,14 +203,20 @@ def _search_here(source: str, runner, options: Options, progress: Progress):
     """The regimes searched one after another on `runner`: (target, results)."""
     loaded = runner.load(source, options.function)  # in the backend's workers, never here
     progress.started(loaded, options)
+    return loaded, _one_after_another(options, progress, lambda regime, share, on_case:
+                                      _search_regime(loaded, runner, options, regime, share, on_case))
+
+
+def _one_after_another(options: Options, progress: Progress, search_regime) -> list:
+    """`search_regime(regime, deadline, on_case)` for each regime in turn, each given its share
+    of the budget left."""
     deadline = None if options.budget_s is None else time.monotonic() + options.budget_s
     results = []
     for index, regime in enumerate(options.regimes):
         share = budget_share(deadline, len(options.regimes) - index)
-        results.append(_search_regime(loaded, runner, options, regime, share,
-                                      lambda r, regime=regime: progress.case(regime, r)))
+        results.append(search_regime(regime, share, lambda r, regime=regime: progress.case(regime, r)))
         progress.finished(assemble.summary(results[-1]))
-    return loaded, results
+    return results
 
 
 def default_jobs(backend: str, runner=None) -> int:
@@ -288,21 +294,14 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
     with make_runner("threads", timeout=timeout, world_sizes=None, device="cpu") as backend:
         release = load_release(backend, spec)
         progress.started(release, options)
-        deadline = None if budget_s is None else time.monotonic() + budget_s
-        results = []
-        for index, regime in enumerate(options.regimes):
-            share = budget_share(deadline, len(options.regimes) - index)
-            result = search_regime(release, regime, backend, max_examples=max_examples,
-                                   max_ranks=max_ranks, seed=seed, empty_steps=empty_steps,
-                                   deadline=share,
-                                   on_case=lambda r, regime=regime: progress.case(regime, r))
-            results.append(result)
-            progress.finished(assemble.summary(result))
+        results = _one_after_another(options, progress, lambda regime, share, on_case: search_regime(
+            release, regime, backend, max_examples=max_examples, max_ranks=max_ranks, seed=seed,
+            empty_steps=empty_steps, deadline=share, on_case=on_case))
     return assemble.result(spec["location"], release, options, results, Baseline(None, ()),
-                   describe=lambda regime, observation, replays: (
-                       replay_command(release, observation),
-                       counterexample(release, regime, observation, replays)),
-                   release=release_record(release))
+                           describe=lambda regime, observation, replays: (
+                               replay_command(release, observation),
+                               counterexample(release, regime, observation, replays)),
+                           release=release_record(release))
 
 
 def load_release(backend, spec: dict):

@@ -314,7 +314,7 @@ def replay(runner, target, observation: Observation, runs: int, run_many=run_cas
 
 def _reduced(observation: Observation, runner, target, run_many=run_cases, budget: int = 400,
              seconds: float = 60.0) -> Observation:
-    """The counterexample after greedy reductions (cases.smaller) that keep its first violated
+    """The counterexample after greedy reductions (reduce.smaller) that keep its first violated
     invariant: hypothesis' shrink can stop in a local minimum. At most `budget` cases and
     `seconds` (a hanging target costs its timeout per case)."""
     invariant = observation.violations[0].invariant

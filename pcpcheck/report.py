@@ -84,7 +84,7 @@ def cache_diff(observation, rank: int, tensor: int = 0) -> list[str]:
 
 
 def call_text(observation, target=None) -> str:
-    """What the target (a loader.Target) was called with on every rank (inputs listed below)."""
+    """What the target (its TargetInfo) was called with on every rank (inputs listed below)."""
     name = getattr(target, "function_name", "") or "gather"
     shard = observation.prepared.shard
     if target is None or target.accepts_shard:

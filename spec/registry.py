@@ -74,7 +74,7 @@ class Invariant:
 _D1 = tuple(regime for regime in REGIMES if regime != DCP)  # every rank holds a full replica
 
 REGISTRY: tuple[Invariant, ...] = (
-    # Judged in the driver of `pcpcheck vllm` on each rank's manager view (pcpcheck.vllm.run), not
+    # Judged in the driver of `pcpcheck vllm` on each rank's manager view (pcpcheck.vllm.judge), not
     # by `evaluate`: the Step of a gather call has no layout. Drafts use no manager.
     Invariant(LAYOUT, inv.layout_conformance, PER_MANAGER, (SHARDED, REPLICATED, DCP),
               lambda expected, actual: (expected, actual), checkers=(RELEASE,)),

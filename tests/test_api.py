@@ -1,4 +1,4 @@
-"""pcpcheck.check and what CI reads from it: the immutable, JSON-round-tripping result and its
+"""pcpcheck.check (the API function) and what CI reads from it: the immutable, JSON-round-tripping result and its
 documented schema, JUnit, baselines, budgets, progress, output paths checked before the run,
 reproducers that can be pointed elsewhere, `diff --json/--seed`, and no `.hypothesis/` in the
 caller's directory."""

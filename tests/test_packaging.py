@@ -5,6 +5,7 @@ into a fresh virtual environment it runs `pcpcheck` without the source tree."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,8 +19,16 @@ TOP_LEVEL = {"pcpcheck", "pcpcheck_spec", "pcpcheck_reference", "pcpcheck_impl"}
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps",
+    """Built from a copy of the tracked files: setuptools' build/ of a checkout keeps files
+    deleted since, which would land in the wheel."""
+    out, tree = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("tree")
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split("\n")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, tree / name)
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", str(tree), "--no-deps",
                            "--no-build-isolation", "--quiet", "-w", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]

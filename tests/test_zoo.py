@@ -173,7 +173,7 @@ def test_pinned_cases_hold_for_the_correct_gather(regime, pcpcheck_check):
 
 
 def test_counterexample_is_reduced_past_hypothesis_local_minimum():
-    """The search's greedy reductions (cases.smaller) take a large counterexample to the
+    """The search's greedy reductions (reduce.smaller) take a large counterexample to the
     smallest one showing the same first violation."""
     large = Batch(SHARDED, 4, (_request(1, False, 0, 1), _request(9, True, 1, 1),
                               Request(0, True, 3, (20,))), 4, graph_size=5)

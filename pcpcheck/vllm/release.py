@@ -98,7 +98,7 @@ class Release:
     source: Source
     manager: type  # PCPManager
     gather_module: object
-    gather: object  # pcpcheck.loader.Target of the release's gather
+    gather: object  # pcpcheck.worker.loader.Target of the release's gather
     caps: Capabilities
     stand_ins: list[str]  # vllm names stood in for (inert)
     adapted: list[str]  # working stand-ins provided, and how pcpcheck adapted to the release
