@@ -151,6 +151,9 @@ class Progress:
 
     def started(self, target, options: Options) -> None: ...
     def case(self, regime: str, result) -> None: ...  # result: the engine's RegimeResult so far
+    def waiting(self, regime: str, rank: int, seconds: float, timeout: float, phase: str) -> None:
+        """A rank has run `seconds` (a second or more) on one case of `regime`, out of its
+        `timeout`; `phase`: what the search is doing ("shrinking, attempt 3")."""
     def finished(self, summary: RegimeSummary) -> None: ...
 
 
@@ -203,18 +206,22 @@ def _search_here(source: str, runner, options: Options, progress: Progress):
     """The regimes searched one after another on `runner`: (target, results)."""
     loaded = runner.load(source, options.function)  # in the backend's workers, never here
     progress.started(loaded, options)
-    return loaded, _one_after_another(options, progress, lambda regime, share, on_case:
-                                      _search_regime(loaded, runner, options, regime, share, on_case))
+    return loaded, _one_after_another(
+        options, progress, lambda regime, share, on_case, on_wait: _search_regime(
+            loaded, runner, options, regime, share, on_case, on_wait))
 
 
 def _one_after_another(options: Options, progress: Progress, search_regime) -> list:
-    """`search_regime(regime, deadline, on_case)` for each regime in turn, each given its share
-    of the budget left."""
+    """`search_regime(regime, deadline, on_case, on_wait)` for each regime in turn, each given
+    its share of the budget left."""
     deadline = None if options.budget_s is None else time.monotonic() + options.budget_s
     results = []
     for index, regime in enumerate(options.regimes):
         share = budget_share(deadline, len(options.regimes) - index)
-        results.append(search_regime(regime, share, lambda r, regime=regime: progress.case(regime, r)))
+        results.append(search_regime(
+            regime, share, lambda r, regime=regime: progress.case(regime, r),
+            lambda rank, seconds, phase, regime=regime: progress.waiting(
+                regime, rank, seconds, options.timeout, phase)))
         progress.finished(assemble.summary(results[-1]))
     return results
 
@@ -227,12 +234,14 @@ def default_jobs(backend: str, runner=None) -> int:
     return max(1, (os.cpu_count() or 1) // 2) if backend == "threads" and runner is None else 1
 
 
-def _search_regime(target, runner, options: Options, regime: str, deadline, on_case) -> RegimeResult:
+def _search_regime(target, runner, options: Options, regime: str, deadline, on_case,
+                   on_wait=None) -> RegimeResult:
     if regime == SHARDED and not target.accepts_shard:  # its era has no decode sharding
         return RegimeResult(regime, not_applicable=NO_SHARD_FLAG)
     return search(target, regime, runner, max_examples=options.max_examples,
                   max_ranks=options.max_ranks, derandomize=options.seed is None, seed=options.seed,
-                  pcp_sizes=options.world_sizes, deadline=deadline, on_case=on_case)
+                  pcp_sizes=options.world_sizes, deadline=deadline, on_case=on_case,
+                  on_wait=on_wait)
 
 
 def _search_in_drivers(source: str, options: Options, jobs: int, progress: Progress):
@@ -247,8 +256,9 @@ def _search_in_drivers(source: str, options: Options, jobs: int, progress: Progr
             runner.close()
             raise
 
-    def search_regime(index, target, runner, share, on_case):
-        return _search_regime(target, runner, options, options.regimes[index], share, on_case)
+    def search_regime(index, target, runner, share, on_case, on_wait):
+        return _search_regime(target, runner, options, options.regimes[index], share, on_case,
+                              on_wait)
 
     loaded, done, shown = [], {}, [0]
 
@@ -265,6 +275,8 @@ def _search_in_drivers(source: str, options: Options, jobs: int, progress: Progr
     results = search_in_parallel(
         len(options.regimes), jobs, open_backend, search_regime, budget_s=options.budget_s,
         on_loaded=on_loaded, on_case=lambda index, r: progress.case(options.regimes[index], r),
+        on_wait=lambda index, rank, seconds, phase: progress.waiting(
+            options.regimes[index], rank, seconds, options.timeout, phase),
         on_done=on_done)
     return loaded[0], results
 
@@ -294,9 +306,11 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
     with make_runner("threads", timeout=timeout, world_sizes=None, device="cpu") as backend:
         release = load_release(backend, spec)
         progress.started(release, options)
-        results = _one_after_another(options, progress, lambda regime, share, on_case: search_regime(
-            release, regime, backend, max_examples=max_examples, max_ranks=max_ranks, seed=seed,
-            empty_steps=empty_steps, deadline=share, on_case=on_case))
+        results = _one_after_another(
+            options, progress, lambda regime, share, on_case, on_wait: search_regime(
+                release, regime, backend, max_examples=max_examples, max_ranks=max_ranks,
+                seed=seed, empty_steps=empty_steps, deadline=share, on_case=on_case,
+                on_wait=on_wait))
     return assemble.result(spec["location"], release, options, results, Baseline(None, ()),
                            describe=lambda regime, observation, replays: (
                                replay_command(release, observation),
@@ -355,7 +369,8 @@ def replay_release(source, case, *, timeout: float = 10.0) -> CheckResult:
     """One step (a Case, or its JSON) through a vLLM release's path on every rank, judged
     (`pcpcheck vllm SOURCE --replay`)."""
     from pcpcheck.vllm.source import resolve
-    from pcpcheck.vllm.verdict import counterexample, observe_release_case, replay_command
+    from pcpcheck.vllm.judge import observe_release_case
+    from pcpcheck.vllm.verdict import counterexample, replay_command
     if isinstance(case, str):
         case = read_case(case)
     spec = resolve(os.fspath(source)).spec()

@@ -17,7 +17,9 @@ def summary(result) -> RegimeSummary:
                          round(result.check_seconds, 3),
                          tuple(InvariantCount(i, result.checked[i], result.violated[i])
                                for i in IDS if i in result.checked),
-                         result.budget_reached, result.not_applicable or None)
+                         result.budget_reached, result.not_applicable or None,
+                         round(result.slowest_call, 4),
+                         round(result.call_seconds / result.cases, 4) if result.cases else 0.0)
 
 
 def result(source: str, target, options: Options, results, baseline: Baseline,
@@ -45,6 +47,7 @@ def result(source: str, target, options: Options, results, baseline: Baseline,
             known=all((regime, v.invariant) in known for v in observation.violations),
             hazard=regime in HAZARD_REGIMES,
             flaky=(replays.runs, replays.reproduced) if replays.flaky else None,
+            note=getattr(observation, "note", "") or None,
             folded_into=host, observation=observation))
     outcome = None
     if options.baseline:  # an entry is found when its invariant was violated in its regime

@@ -15,24 +15,57 @@ from __future__ import annotations
 import os
 import sys
 
-from pcpcheck.options import parse
-from pcpcheck.outputs import check_outputs, write_outputs
-from pcpcheck.results import EXIT_HOLDS, EXIT_USAGE, EXIT_VIOLATION
-from pcpcheck.shared.errors import ERRORS, error_line
+__all__ = ["command", "main", "run_check"]
 
-__all__ = ["command", "main", "run_check", "EXIT_HOLDS", "EXIT_VIOLATION", "EXIT_USAGE"]
+INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 
 
 def command() -> int:
     """The `pcpcheck` command, a process of its own: once its arguments parse (`--version` and
     `--help` answer before anything is imported), its fork server is forked from it, before it
     runs a thread or a torch op (pcpcheck.backends.forkserver)."""
-    return main(prefork=True)
+    import signal
+    interrupted = []
+
+    def on_sigint(signum, frame):
+        interrupted.append(signum)
+        raise KeyboardInterrupt
+
+    def unraisable(info, default=sys.unraisablehook):
+        # Ctrl-C landing in a callback Python cannot raise from (a weakref's, during an import)
+        # is printed there and lost; the flag below reports it instead.
+        if not issubclass(info.exc_type, KeyboardInterrupt):
+            default(info)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    sys.unraisablehook = unraisable
+    code = main(prefork=True)
+    if interrupted:
+        # Raised inside exec() of a string (dataclasses and namedtuple build their methods so),
+        # a KeyboardInterrupt sets a flag that makes CPython end the process by SIGINT at exit,
+        # even once handled; any exec() resets it.
+        exec("")  # noqa: S102
+        if code != INTERRUPTED:
+            print("pcpcheck: interrupted", file=sys.stderr)
+            return INTERRUPTED
+    return code
 
 
 def main(argv: list[str] | None = None, *, prefork: bool = False) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    # Ctrl-C is clean from the first instant: this module imports nothing else at its top, so
+    # the console script is in this handler as soon as it has imported it.
     try:
+        return _main(sys.argv[1:] if argv is None else argv, prefork)
+    except KeyboardInterrupt:
+        print("pcpcheck: interrupted", file=sys.stderr)
+        return INTERRUPTED
+
+
+def _main(argv: list[str], prefork: bool) -> int:
+    from pcpcheck.results import EXIT_USAGE
+    from pcpcheck.shared.errors import ERRORS, error_line
+    try:
+        from pcpcheck.options import parse
         args = parse(argv)
         from pcpcheck import api
         if prefork:
@@ -51,15 +84,13 @@ def main(argv: list[str] | None = None, *, prefork: bool = False) -> int:
     except OSError as exc:
         print(f"pcpcheck: cannot write {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("pcpcheck: interrupted", file=sys.stderr)
-        return 130
 
 
 def run_check(args, runner=None) -> int:
     """`pcpcheck check`; `runner` given (torchrun's rank 0) is used as is, else the API starts one.
     Output paths are checked first; a write that fails after the run never hides the verdict."""
     from pcpcheck import api, report
+    from pcpcheck.outputs import check_outputs, write_outputs
     check_outputs(args)
     api.use_cache_dir()
     if args.replay:
@@ -78,6 +109,7 @@ def run_check(args, runner=None) -> int:
 def _replay(args, runner) -> int:
     """`--replay`: one case (parsed and checked by `parse`), judged; outputs like a search's."""
     from pcpcheck import api, report
+    from pcpcheck.outputs import write_outputs
     result = api.replay_case(args.target, args.replay, function=args.function,
                              backend=args.backend, timeout=args.timeout, device=args.device,
                              runner=runner)
@@ -101,6 +133,7 @@ def run_vllm(args) -> int:
     """`pcpcheck vllm SOURCE`: the release's manager, gather and wrappers on every rank (in a
     worker process: pcpcheck.api.check_release)."""
     from pcpcheck import api, report
+    from pcpcheck.outputs import check_outputs, write_outputs
     check_outputs(args)
     api.use_cache_dir()
     if args.replay:
@@ -127,6 +160,7 @@ def run_vllm(args) -> int:
 def run_diff(args) -> int:
     """`pcpcheck diff`: print as each regime ends; --json after the verdict, never masking it."""
     from pcpcheck import api
+    from pcpcheck.outputs import check_outputs, write_outputs
     check_outputs(args)
     api.use_cache_dir()
     print(f"pcpcheck diff: old {args.old}, new {args.new}")

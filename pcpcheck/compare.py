@@ -40,6 +40,12 @@ class Pair:
         self.violations = [Violation(DIFFERENT, ranks)] if ranks else []
         self.checked = (DIFFERENT,)
         self.prepared = self.old.prepared
+        self.ranks = self.old.ranks + self.new.ranks  # as the engine reads an observation's
+        self.note = ""
+
+    @property
+    def costly(self) -> bool:
+        return self.old.costly or self.new.costly
 
 
 def run_pairs(cases, targets, backend):

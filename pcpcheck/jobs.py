@@ -48,9 +48,14 @@ def _driver(connection, open_backend, search_regime) -> None:
                 now = time.monotonic()
                 if now - shown[0] >= _PROGRESS_EVERY_S:
                     shown[0] = now
-                    connection.send(("case", index, result.cases, dict(result.violated)))
+                    connection.send(("case", index, result.cases, dict(result.violated),
+                                     result.slowest_call))
 
-            connection.send(("done", index, search_regime(index, target, runner, deadline, on_case)))
+            def on_wait(rank, seconds, phase, index=index):
+                connection.send(("wait", index, rank, seconds, phase))
+
+            connection.send(("done", index, search_regime(index, target, runner, deadline, on_case,
+                                                          on_wait)))
     except BaseException as exc:  # noqa: BLE001 - CheckerError or pcpcheck's own failure
         try:
             connection.send(("error", exc))
@@ -71,11 +76,12 @@ def budget_share(deadline: float | None, regimes_left: int, drivers: int = 1) ->
 
 
 def search_in_parallel(count: int, jobs: int, open_backend, search_regime, *, budget_s=None,
-                       on_loaded=None, on_case=None, on_done=None) -> list:
-    """Results of search_regime(index, target, runner, deadline, on_case) for index in
+                       on_loaded=None, on_case=None, on_wait=None, on_done=None) -> list:
+    """Results of search_regime(index, target, runner, deadline, on_case, on_wait) for index in
     range(count), computed by `jobs` forked drivers; each opens its backend with
     open_backend() -> (runner, target). on_loaded(target) once, on_case(index, progress) (an
-    object with .cases and .violated) and on_done(index, result) as they come. The budget
+    object with .cases, .violated and .slowest_call), on_wait(index, rank, seconds, phase) and
+    on_done(index, result) as they come. The budget
     (seconds from the first driver's target loaded, as in a sequential run) is shared out like a
     sequential run's: each regime, when handed out, gets an equal share of what is left per
     driver."""
@@ -110,7 +116,10 @@ def search_in_parallel(count: int, jobs: int, open_backend, search_regime, *, bu
                     if on_loaded is not None:
                         on_loaded(message[1])
                 elif kind == "case" and on_case is not None:
-                    on_case(message[1], SimpleNamespace(cases=message[2], violated=Counter(message[3])))
+                    on_case(message[1], SimpleNamespace(cases=message[2], violated=Counter(message[3]),
+                                                        slowest_call=message[4]))
+                elif kind == "wait" and on_wait is not None:
+                    on_wait(*message[1:])
                 elif kind == "done":
                     results[message[1]] = message[2]
                     busy[id(conn)] = False

@@ -156,6 +156,8 @@ class RankView:
     output: str = ""  # what the rank printed
     inputs_before: list[bytes] = field(default_factory=list)  # each input's content
     inputs_after: list[bytes] = field(default_factory=list)
+    seconds: float = 0.0  # how long the call ran
+    lost: str | None = None  # "hung" or "died": it never reported (its worker was retired)
 
     @property
     def mutated(self) -> list[str]:
@@ -177,6 +179,12 @@ class Observation:
     ranks: list[RankView]
     violations: list[Violation]
     checked: tuple[str, ...]  # invariant IDs evaluated on this case
+    note: str = ""  # how its search ended early, if it did (engine: shrinking stopped)
+
+    @property
+    def costly(self) -> bool:
+        """A rank hung or died: running the case again costs a timeout or a worker."""
+        return any(view.lost for view in self.ranks)
 
 
 def decode_rows(tensor: torch.Tensor, tensor_index: int, valid: np.ndarray,
@@ -222,7 +230,7 @@ def observe(prepared: Prepared, rank: int, result) -> RankView:
     """One rank's call at the index level, from what its worker reported (a
     pcpcheck.backends.RankResult: plain data, tensors rebuilt by the driver from raw bytes)."""
     view = RankView(error=result.error, error_detail=result.error_detail, trace=result.trace,
-                    output=result.output)
+                    output=result.output, seconds=result.seconds, lost=result.lost)
     specs = prepared.case.tensors
     if view.error is None and not incomplete(result.trace):
         problem = _malformed(result.value, specs, torch.int64, result.input_device)

@@ -49,14 +49,16 @@ def _width(batch: Batch) -> int:
     return int(reference.layout(batch).width)
 
 
-def smaller(case: Case):
-    """Well-formed cases strictly smaller than `case`, most reducing first: fewer ranks, requests,
-    tokens (also at the same width W, graph padding keeping the rows a bug needs), context,
-    padding, tensors, a smaller block size; never a wider rank (W)."""
+def smaller(case: Case, pcp_sizes=None):
+    """Well-formed cases strictly smaller than `case`, most reducing first: fewer ranks (the next
+    smaller of `pcp_sizes`, the world sizes the search may use; default any), requests, tokens
+    (also at the same width W, graph padding keeping the rows a bug needs), context, padding,
+    tensors, a smaller block size; never a wider rank (W)."""
     batch = case.batch
     candidates = []
-    if batch.pcp_size > 2:
-        candidates.append(dataclasses.replace(batch, pcp_size=batch.pcp_size - 1))
+    fewer = [p for p in (pcp_sizes or range(2, batch.pcp_size)) if 2 <= p < batch.pcp_size]
+    if fewer:
+        candidates.append(dataclasses.replace(batch, pcp_size=max(fewer)))
     for i, request in enumerate(batch.requests):
         others = batch.requests[:i] + batch.requests[i + 1:]
         candidates.append(dataclasses.replace(batch, requests=others))
@@ -103,3 +105,40 @@ def smaller(case: Case):
             yield Case(batch, case.tensors[:k] + case.tensors[k + 1:])
     if case.tensors != (TensorSpec((4,), "float32"),):
         yield Case(batch, (TensorSpec((4,), "float32"),))
+
+
+def size(case: Case) -> tuple:
+    """Hypothesis's shrink order, roughly: fewer ranks, requests, tokens, then shorter JSON."""
+    return (case.batch.pcp_size, len(case.batch.requests),
+            sum(r.num_tokens for r in case.batch.requests), len(case.to_json()))
+
+
+EXPANSIONS_PER_SIZE = 40  # cases whose reductions `ascending` works out, per world size
+
+
+def ascending(case: Case, pcp_sizes):
+    """Cases smaller than `case` in order of size, smallest first, then `case` itself: at each
+    world size in `pcp_sizes` up to the case's own, the case with that many ranks and what its
+    reductions reach, best first (the smallest case found so far is reduced next). Nothing is
+    run, and each world size is worked out only when the one before is used up: what a search
+    tries in this order, the first that fails again is the smallest."""
+    seen = {case.to_json()}
+    for pcp_size in sorted(p for p in set(pcp_sizes) if p <= case.batch.pcp_size):
+        start = _fit_blocks(dataclasses.replace(case.batch, pcp_size=pcp_size))
+        if not _well_formed(start):  # fewer ranks widen them past the graph size: no graph
+            start = dataclasses.replace(start, graph_size=0)
+            if not _well_formed(start):
+                continue
+        found, frontier = [], [Case(start, case.tensors)]
+        for _ in range(EXPANSIONS_PER_SIZE):
+            if not frontier:
+                break
+            frontier.sort(key=size)
+            node = frontier.pop(0)
+            if node.to_json() in seen:
+                continue
+            seen.add(node.to_json())
+            found.append(node)
+            frontier += [c for c in smaller(node, (pcp_size,)) if c.to_json() not in seen]
+        yield from sorted(found, key=size)
+    yield case

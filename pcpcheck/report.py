@@ -107,6 +107,8 @@ def counterexample(observation, regime: str, source: str,
         lines.append(f"  flaky: {replays.reproduced} of {replays.runs} replays of this case showed "
                      "it again: the target does not behave the same on the same case, so this "
                      "case may not be the smallest")
+    if getattr(observation, "note", ""):  # how its shrinking ended, when it ended early
+        lines.append(f"  shrinking: {observation.note}")
     others = [f"{v.invariant} on {v.ranks}" for v in observation.violations[1:]]
     if others:
         lines.append("  also violated: " + "; ".join(others))
@@ -211,6 +213,13 @@ def result_text(result) -> str:
         summary += f", {hazards} in hazard regimes"
     if known:
         summary += f", {known} known violation(s) from the baseline"
+    slowest = max(result.regimes, key=lambda s: s.slowest_call)
+    timeout = result.options.timeout
+    if slowest.slowest_call >= 0.1 * timeout:  # a slow target: where its time goes, what to do
+        lines += ["", f"calls: the slowest took {slowest.slowest_call:.2f} s ({slowest.regime}; mean "
+                  f"{slowest.mean_call:.2f} s per case) of the {timeout:g} s a rank may take per "
+                  "case: raise --timeout if a correct call can take longer, lower --max-examples "
+                  "to finish sooner"]
     lines += ["", f"all regimes: {rates(*result.regimes, wall=result.seconds)}: {summary}"]
     if any(s.budget_reached for s in result.regimes):
         lines.append(f"budget of {result.options.budget_s:g} s reached; cases per regime: "

@@ -60,6 +60,8 @@ class RegimeSummary:
     invariants: tuple[InvariantCount, ...]
     budget_reached: bool  # stopped by --budget before max_examples
     not_applicable: str | None = None  # why the target cannot reach this regime (nothing drawn)
+    slowest_call: float = 0.0  # seconds of the slowest rank's call of any case
+    mean_call: float = 0.0  # the slowest rank's call per case, on average
 
     @property
     def checked(self) -> dict[str, int]:
@@ -90,6 +92,7 @@ class Counterexample:
     known: bool  # every invariant it violates is listed in the baseline for its regime
     hazard: bool = False  # found in a hazard regime (spec.names.HAZARD_REGIMES)
     flaky: tuple[int, int] | None = None  # (replays, how many showed it) when not all did
+    note: str | None = None  # how its shrinking ended when it ended early or differently
     folded_into: int | None = None  # index of the shown counterexample that also shows it
     observation: object = field(default=None, compare=False, repr=False)  # in memory only
 
@@ -203,6 +206,7 @@ class CheckResult:
             "regimes": {s.regime: {
                 "cases": s.cases, "seconds": s.seconds, "check_seconds": s.check_seconds,
                 "budget_reached": s.budget_reached, "not_applicable": s.not_applicable,
+                "slowest_call": s.slowest_call, "mean_call": s.mean_call,
                 "invariants": {c.invariant: {"checked": c.checked, "violated": c.violated}
                                for c in s.invariants}} for s in self.regimes},
             "counterexamples": [{
@@ -211,6 +215,7 @@ class CheckResult:
                                for v in c.violations],
                 "known": c.known, "hazard": c.hazard,
                 "flaky": None if c.flaky is None else {"replays": c.flaky[0], "reproduced": c.flaky[1]},
+                "note": c.note,
                 "folded_into": c.folded_into, "case": json.loads(c.case), "replay": c.replay,
                 "report": c.report} for c in self.counterexamples],
             "baseline": None if self.baseline is None else {
@@ -239,7 +244,7 @@ class CheckResult:
                 regime, r["cases"], r["seconds"], r["check_seconds"],
                 tuple(InvariantCount(i, c["checked"], c["violated"])
                       for i, c in r["invariants"].items()), r["budget_reached"],
-                r.get("not_applicable"))
+                r.get("not_applicable"), r.get("slowest_call", 0.0), r.get("mean_call", 0.0))
                 for regime, r in data["regimes"].items()),
             counterexamples=tuple(Counterexample(
                 regime=c["regime"],
@@ -248,6 +253,7 @@ class CheckResult:
                 case=json.dumps(c["case"], separators=(",", ":")), replay=c["replay"],
                 report=c["report"], known=c["known"], hazard=c["hazard"],
                 flaky=None if c["flaky"] is None else (c["flaky"]["replays"], c["flaky"]["reproduced"]),
+                note=c.get("note"),
                 folded_into=c["folded_into"]) for c in data["counterexamples"]),
             baseline=None if baseline is None else BaselineOutcome(
                 baseline["path"], tuple(map(tuple, baseline["known"])),

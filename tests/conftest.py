@@ -51,10 +51,29 @@ def pcpcheck_check(threads_backend):
     return lambda argv: cli.run_check(options.parse(["check", *map(str, argv)]), threads_backend)
 
 
+STALL_SECONDS = 60.0  # wall seconds in which gloo workers that use no CPU at all are hung
+CPU_SECONDS = 300.0  # CPU seconds past which gloo workers are spinning, not working
+
+
+def _cpu_seconds(pids) -> float:
+    """CPU time (user + system, every thread) the live processes have used."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 @pytest.fixture
 def spawn_gloo():
     """Run `worker(rank, port, *args)` on `nprocs` spawned processes that meet on a free loopback
-    port; the test fails, killing them, if they have not all finished within `timeout` s."""
+    port; the test fails, killing them, if they hang. No wall-clock deadline (a loaded machine
+    can exceed any): hung is STALL_SECONDS in which they used no CPU (blocked on each other),
+    or more than CPU_SECONDS of CPU in all (a loop)."""
     import socket
     import time
 
@@ -64,17 +83,21 @@ def spawn_gloo():
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
 
-    def spawn(worker, nprocs: int, *args, timeout: float = 60.0) -> None:
+    def spawn(worker, nprocs: int, *args) -> None:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         ctx = mp.spawn(worker, args=(port, *args), nprocs=nprocs, join=False)
-        deadline = time.monotonic() + timeout
+        used, progressed = 0.0, time.monotonic()
         while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
+            now_used = _cpu_seconds(p.pid for p in ctx.processes if p.is_alive())
+            if now_used > used + 0.01:
+                used, progressed = max(used, now_used), time.monotonic()
+            stalled = time.monotonic() - progressed > STALL_SECONDS
+            if stalled or used > CPU_SECONDS:
                 for process in ctx.processes:
                     if process.is_alive():
                         process.kill()
-                pytest.fail(f"gloo workers did not finish within {timeout:g} s")
+                pytest.fail(f"gloo workers hung: {'no CPU used for %g s' % STALL_SECONDS if stalled else 'over %g s of CPU' % CPU_SECONDS}")
 
     return spawn

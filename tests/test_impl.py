@@ -567,7 +567,7 @@ def _gloo_worker(rank: int, port: int, world_size: int) -> None:
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world_size,
-        timeout=datetime.timedelta(seconds=30),
+        timeout=datetime.timedelta(seconds=600),  # a guard: spawn_gloo finds a hang
     )
     try:
         pg = dist.group.WORLD

@@ -471,7 +471,7 @@ def _gloo_agreement_worker(rank: int, port: int) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=30))
+                            timeout=datetime.timedelta(seconds=600))  # a guard: spawn_gloo finds a hang
     try:
         pg = dist.group.WORLD  # a plain ProcessGroup: wrapped by ProcessGroupAdapter
         s = slots(list(range(8)))

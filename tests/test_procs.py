@@ -7,6 +7,7 @@ Module-scoped backends are shared; tests that break a worker use their own. ~60-
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from pcpcheck.backends import make_backend  # noqa: E402
 from pcpcheck.shared.case import Case  # noqa: E402
 from pcpcheck.judge import run_case, run_cases  # noqa: E402
 from pcpcheck.engine import search  # noqa: E402
+from pcpcheck.results import EXIT_USAGE  # noqa: E402
 from pcpcheck.shared.errors import LoadError  # noqa: E402
 from pcpcheck_spec.names import COLLECTIVE, REGIMES, REPLICA  # noqa: E402
 
@@ -464,14 +466,14 @@ def test_a_fork_server_that_cannot_start_is_a_one_line_error(own_fork_server, tm
     (["--timeout", "0"], "--timeout must be positive and finite"),
 ])
 def test_backend_usage_errors_exit_2(argv, words, capsys):
-    assert cli.main(["check", *argv]) == cli.EXIT_USAGE
+    assert cli.main(["check", *argv]) == EXIT_USAGE
     err = capsys.readouterr().err.strip()
     assert words in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.skipif(__import__("torch").cuda.device_count() >= 2, reason="has GPUs")
 def test_nccl_without_gpus_exits_2(capsys):
-    assert cli.main(["check", "--backend", "nccl"]) == cli.EXIT_USAGE
+    assert cli.main(["check", "--backend", "nccl"]) == EXIT_USAGE
     assert "needs at least 2 GPUs" in capsys.readouterr().err
 
 
@@ -499,6 +501,20 @@ def test_torchrun_prints_only_the_report_and_exits_with_the_verdict(tmp_path):
     usage = subprocess.run([sys.executable, "-m", "pcpcheck.torchrun", "--standalone"],
                            capture_output=True, text=True, timeout=60)
     assert (usage.returncode, usage.stderr.count("\n")) == (2, 1)
+
+
+@pytest.mark.parametrize("ranks", [3, 4])
+def test_torchrun_runs_every_case_at_the_world_size_it_launched(ranks, tmp_path):
+    """The search draws and shrinks P only to torchrun's world: a real bug is exit 1 with its
+    ID at that size (a shrink to P = 2 once made it a usage error, exit 2)."""
+    out = tmp_path / "out.json"
+    command = [sys.executable, "-m", "pcpcheck.torchrun", "--standalone", "--nproc-per-node",
+               str(ranks), "--", str(ROOT / "tests" / "zoo" / "bug01_local_block.py"), "--regime",
+               "replicated", "--max-examples", "30", "--json", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (first,) = [c for c in json.loads(out.read_text())["counterexamples"] if c["folded_into"] is None]
+    assert (first["invariant"], first["case"]["batch"]["pcp_size"]) == (REPLICA, ranks)
 
 
 def test_torchrun_two_nodes_only_the_driver_node_prints(tmp_path):

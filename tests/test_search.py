@@ -99,6 +99,7 @@ class _Judged:
         self.prepared = type("Prepared", (), {"case": case})()
         self.violations = [Violation(i, [0]) for i in violated]
         self.checked = ("UNIQUE", REPLICA)
+        self.ranks, self.costly, self.note = [], False, ""
 
 
 def _unique_and_replica_when_large(cases_, target, runner):

@@ -25,6 +25,7 @@ class Backend:
     """Runs cases on P ranks in worker processes. Subclasses implement `_load` and `run`."""
 
     name = "backend"
+    on_slow = None  # on_slow(rank, seconds): told while a rank has run a second or more
 
     def __init__(self, timeout: float):
         self.timeout = timeout
@@ -51,6 +52,12 @@ class Backend:
         flight (threads: the worker runs the next case while the driver judges this one)."""
         for prepared in prepareds:
             yield self.run(prepared, target)
+
+    def twin(self) -> "Backend | None":
+        """Another backend like this one, with workers of its own and this one's targets
+        loaded, to run cases beside it (a replay in the same wait as the run); None where
+        there can be none. The caller closes it."""
+        return None
 
     def close(self) -> None:
         """Stop every worker (and whatever it started); remove temporary files. Idempotent."""

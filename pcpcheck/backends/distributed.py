@@ -133,7 +133,8 @@ class DistributedBackend(BatchedBackend):
         ranks_pool = self._pools[size]
         # Alone in flight, no rank can be in a later case: one that looks so is not watched
         # (a status a target forged would otherwise have this case run again and again).
-        outcomes = pool.wait_results(ranks_pool.workers, self.timeout, GRACE, watch=not careful)
+        outcomes = pool.wait_results(ranks_pool.workers, self.timeout, GRACE, watch=not careful,
+                                     on_slow=self.on_slow)
         outcomes = [outcomes[rank] for rank in range(size)]  # arrival order -> rank order
         results = [messages.decode_rank(outcome[1]["ranks"][0], outcome[2])
                    if outcome[0] == "result" else None for outcome in outcomes]
@@ -161,7 +162,8 @@ class DistributedBackend(BatchedBackend):
             else:
                 reason = (f"all_gather on rank {rank} never completed: rank "
                           f"{hung[0] if hung else '?'} did not return within {self.timeout:g} s")
-            results[rank] = messages.lost_rank(reason, output)
+            results[rank] = messages.lost_rank(reason, output,
+                                               "died" if outcome[0] == "died" else "hung")
         self._retire(ranks_pool)  # no process outlives the case that broke it
         return "lost", results
 

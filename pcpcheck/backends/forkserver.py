@@ -61,7 +61,10 @@ class _Server:
                 reply = {"pid": self._spawn(request, fds)}
             else:  # "wait"
                 reply = {"code": self._wait(request["pid"], request["seconds"])}
-            _send(self.sock, reply)
+            try:
+                _send(self.sock, reply)
+            except OSError:  # the driver went while it waited for this reply
+                break
         for pid in self.workers:
             _kill_group(pid)
         os._exit(0)
@@ -78,12 +81,14 @@ class _Server:
             self.exit_codes[pid] = os.waitstatus_to_exitcode(status)
 
     def _wait(self, pid: int, seconds: float) -> int | None:
+        """The worker's exit code once it exits within `seconds`; None at once if the driver
+        goes meanwhile (it sends nothing while it waits: its end readable is its end closed), so
+        a killed driver's server does not outlive it by the rest of the wait."""
         deadline = time.monotonic() + seconds
         while pid not in self.exit_codes and pid in self.workers:
             self._reap()
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or select.select([self.sock], [], [], 0.005)[0]:
                 break
-            time.sleep(0.005)
         return self.exit_codes.get(pid)
 
     def _spawn(self, request: dict, fds: list[int]) -> int:

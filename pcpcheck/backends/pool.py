@@ -215,6 +215,13 @@ def _kill_all() -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _tell_slow(workers, now: float, on_slow) -> None:
+    longest = max(((seconds[running] + now - since, running) for running, since, seconds, _
+                   in (worker.status() for worker in workers) if running >= 0), default=None)
+    if longest is not None and longest[0] >= SLOW:
+        on_slow(longest[1], longest[0])
+
+
 def read_status(status) -> tuple[int, float, list[float], list[int]]:
     """A worker's status file (an mmap the worker writes at every switch), decoded."""
     data = status[:STATUS.size]
@@ -227,19 +234,28 @@ def read_status(status) -> tuple[int, float, list[float], list[int]]:
     return values[0], values[1], list(values[2:2 + MAX_RANKS]), list(values[2 + MAX_RANKS:])
 
 
-def wait_results(workers: list[WorkerProcess], timeout: float, grace: float, watch: bool = False):
+SLOW = 1.0  # seconds a rank runs on one case before wait_results tells on_slow, once a second
+
+
+def wait_results(workers: list[WorkerProcess], timeout: float, grace: float, watch: bool = False,
+                 on_slow=None):
     """One message per worker, or why none came: {index: ("result", header, blobs) |
     ("died", reason) | ("hung", rank) | ("late", None)}. A worker whose rank runs longer than
     `timeout` is hung; after a death or a hang the others get `grace` seconds to report.
     `watch`: a worker that has reported but runs on (a later case) is watched too: hung there,
-    it is ("ahead", rank)."""
+    it is ("ahead", rank). `on_slow(rank, seconds)`: the longest-running rank of those awaited,
+    once a second while one has run SLOW seconds or more."""
     import select
     outcome: dict[int, tuple] = {}
     pending = dict(enumerate(workers))
     hard_deadline = None
     tick = min(0.2, timeout / 4)
+    told = time.monotonic()
     while pending:
         now = time.monotonic()
+        if on_slow is not None and now - told >= SLOW:
+            told = now
+            _tell_slow(pending.values(), now, on_slow)
         if hard_deadline is not None and now >= hard_deadline:
             break
         wait = tick if hard_deadline is None else min(tick, hard_deadline - now)

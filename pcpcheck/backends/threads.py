@@ -68,6 +68,12 @@ class ThreadsBackend(BatchedBackend):
             self._retire()  # a target that failed to load may have left anything behind
             raise
 
+    def twin(self) -> "ThreadsBackend":
+        other = ThreadsBackend(self.timeout, self.device, self.load_timeout)
+        for source, function in self._targets:
+            other.load(source, function)
+        return other
+
     def _channel(self, prepared) -> int:
         return 0  # one worker hosts every world size
 
@@ -80,7 +86,7 @@ class ThreadsBackend(BatchedBackend):
         """The next case's results, or its verdict if the worker hung or died in it (the worker
         runs the cases of a batch in order: the one not reported is the one that ran)."""
         worker = self._worker
-        outcome = pool.wait_results([worker], self.timeout, GRACE)[0]
+        outcome = pool.wait_results([worker], self.timeout, GRACE, on_slow=self.on_slow)[0]
         if outcome[0] == "result":
             self._received(key)
             return "result", [messages.decode_rank(result, outcome[2]) for result in outcome[1]["ranks"]]
@@ -91,6 +97,7 @@ class ThreadsBackend(BatchedBackend):
         running, _, _, states = worker.status()
         output = worker.output_tail()
         self._retire()
+        lost = "hung" if outcome[0] == "hung" else "died"
         if outcome[0] == "hung":
             culprit, what = outcome[1], f"did not return within {self.timeout:g} s"
         else:
@@ -99,7 +106,7 @@ class ThreadsBackend(BatchedBackend):
             what += f"; stderr: {last}" if last else ""
         if culprit < 0:
             return [messages.lost_rank(f"the worker process hosting every rank ended ({outcome[1]}) "
-                                   "outside any rank's call", output) for _ in range(size)]
+                                       "outside any rank's call", output, lost) for _ in range(size)]
         results = []
         for rank in range(size):
             if rank == culprit:
@@ -110,7 +117,7 @@ class ThreadsBackend(BatchedBackend):
                 reason = f"rank {rank} never ran: rank {culprit} {what} first"
             else:  # FINISHED: its report went down with the worker
                 reason = f"rank {rank}'s result was lost: rank {culprit} {what}"
-            results.append(messages.lost_rank(reason, output if rank == culprit else ""))
+            results.append(messages.lost_rank(reason, output if rank == culprit else "", lost))
         return results
 
     def _retire(self) -> None:

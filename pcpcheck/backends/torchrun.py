@@ -59,7 +59,8 @@ def _exchange(worker: pool.WorkerProcess, data: bytes, timeout: float) -> bytes:
     reason = {"died": f"rank {rank} died ({outcome[1]}) before returning",
               "hung": f"rank {rank} did not return within {timeout:g} s"}.get(
         outcome[0], f"rank {rank} did not return within {timeout:g} s")
-    return wire.pack({"op": "lost", "reason": reason, "output": worker.output_tail()})
+    return wire.pack({"op": "lost", "reason": reason, "output": worker.output_tail(),
+                      "lost": "died" if outcome[0] == "died" else "hung"})
 
 
 class TorchrunBackend(Backend):
@@ -108,7 +109,8 @@ class TorchrunBackend(Backend):
             if header.get("op") == "result":
                 results.append(messages.decode_rank(header["ranks"][0], blobs))
             else:
-                results.append(messages.lost_rank(str(header.get("reason")), str(header.get("output", ""))))
+                results.append(messages.lost_rank(str(header.get("reason")), str(header.get("output", "")),
+                                                  "died" if header.get("lost") == "died" else "hung"))
         if any(header_lost for header_lost in (r.inputs_after is None for r in results)):
             self.broken = results  # torchrun's group cannot be rebuilt
         return results

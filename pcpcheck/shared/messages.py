@@ -77,6 +77,8 @@ class RankResult:
     poisoned: bool = False  # its process group failed: the pool must be replaced
     input_device: str = "cpu"  # where the rank's inputs were (outputs must be there too)
     step: dict | None = None  # a release's rank: its rank_step report (layout, inputs), plain data
+    seconds: float = 0.0  # how long the rank's call ran (its own running time, as timed)
+    lost: str | None = None  # "hung" or "died": the rank never reported; its worker was retired
 
 
 @dataclass
@@ -202,6 +204,9 @@ def decode_rank(result: dict, blobs: list) -> RankResult:
                       input_device=str(result.get("input_device", "cpu"))[:40])
     if isinstance(result.get("step"), dict):
         rank.step = result["step"]
+    seconds = result.get("seconds")
+    if isinstance(seconds, (int, float)) and 0 <= seconds < 1e9:  # what a worker says is data
+        rank.seconds = float(seconds)
     for entry in result.get("trace") or []:
         rank.trace.append(tuple(tuple(item) if isinstance(item, list) else item for item in entry))
     try:
@@ -214,9 +219,10 @@ def decode_rank(result: dict, blobs: list) -> RankResult:
     return rank
 
 
-def lost_rank(reason: str, output: str = "") -> RankResult:
-    """A rank that never reported: its call did not complete."""
-    return RankResult(trace=[(INCOMPLETE, reason)], output=output)
+def lost_rank(reason: str, output: str = "", lost: str = "hung") -> RankResult:
+    """A rank that never reported: its call did not complete; `lost`: "hung" (a rank of the
+    case ran past the timeout) or "died" (a worker process of the case died)."""
+    return RankResult(trace=[(INCOMPLETE, reason)], output=output, lost=lost)
 
 
 def _text(value) -> str | None:

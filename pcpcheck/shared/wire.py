@@ -130,9 +130,9 @@ class Reader:
 
 _TensorBase = torch._C.TensorBase
 _as_subclass = _TensorBase.as_subclass
-_detach, _cpu, _contiguous, _reshape, _view = (_TensorBase.detach, _TensorBase.cpu,
-                                               _TensorBase.contiguous, _TensorBase.reshape,
-                                               _TensorBase.view)
+_detach, _cpu, _copy, _reshape, _view = (_TensorBase.detach, _TensorBase.cpu, _TensorBase.copy_,
+                                         _TensorBase.reshape, _TensorBase.view)
+_empty = torch.empty
 _resolve_conj, _resolve_neg, _numpy = _TensorBase.resolve_conj, _TensorBase.resolve_neg, _TensorBase.numpy
 _dtype_of = _TensorBase.dtype.__get__
 _device_of = _TensorBase.device.__get__
@@ -152,7 +152,12 @@ def tensor_bytes(tensor) -> tuple[str, list[int], bytes]:
         shape = [int(n) for n in _size_of(plain)]
         if dtype.is_complex:
             plain = _resolve_conj(plain)
-        flat = _reshape(_contiguous(_resolve_neg(_cpu(plain))), (-1,))
+        # A fresh tensor of canonical strides, not .contiguous(): a tensor of one element (or with
+        # size-one dimensions) counts as contiguous whatever its strides, and keeps a stride the
+        # byte view refuses. copy_ reads any strides, offset, expansion or aliasing.
+        fresh = _empty(shape, dtype=dtype)
+        _copy(fresh, _resolve_neg(_cpu(plain)))
+        flat = _reshape(fresh, (-1,))
         content = _numpy(_view(flat, _uint8)).tobytes() if flat.numel() else b""
     return _str(dtype), shape, content
 

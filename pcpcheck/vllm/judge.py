@@ -65,10 +65,28 @@ def _step(result) -> dict | None:
 
 
 def observe_release_case(case: Case, release: ReleaseInfo, backend) -> ReleaseObservation:
-    """Run the case on every rank in the backend's worker (rank_step there) and judge it here:
-    LAYOUT against the reference of the release's era, then every gather invariant."""
+    """Run the case on every rank in the backend's worker (rank_step there) and judge it here."""
+    return next(run_release_cases([case], release, backend))
+
+
+def run_release_cases(cases, release: ReleaseInfo, backend):
+    """The engine's run_many for a release: the steps streamed through the backend's worker
+    (several in flight, as judge.run_cases streams a gather's cases), each judged here."""
+    pending = []
+
+    def steps():
+        for case in cases:
+            pending.append(case)
+            yield ReleaseStep(case)
+
+    for results in backend.run_many(steps(), release):
+        yield judge_release_case(pending.pop(0), results, release)
+
+
+def judge_release_case(case: Case, results, release: ReleaseInfo) -> ReleaseObservation:
+    """One step's ranks' reports judged: LAYOUT against the reference of the release's era,
+    then every gather invariant."""
     batch = case.batch
-    results = backend.run(ReleaseStep(case), release)
     steps = [_step(result) for result in results]
     expanded = batch.regime not in DRAFT_REGIMES
     caps = capabilities(release)
@@ -103,7 +121,7 @@ def observe_release_case(case: Case, release: ReleaseInfo, backend) -> ReleaseOb
             if layout_bad:
                 violations.insert(0, Violation(LAYOUT, layout_bad))
     entry = next((s["entry"] for s in steps if s), "")
-    return ReleaseObservation(prepared, views, violations, checked, diffs, entry)
+    return ReleaseObservation(prepared, views, violations, checked, layout_diffs=diffs, entry=entry)
 
 
 def capabilities(release: ReleaseInfo) -> Capabilities:

@@ -18,19 +18,13 @@ from pcpcheck import report
 from pcpcheck.engine import RegimeResult, search
 from pcpcheck.shared.case import Case
 from pcpcheck.shared.messages import Capabilities, ReleaseInfo
-from pcpcheck.vllm.judge import ReleaseObservation, capabilities, observe_release_case
+from pcpcheck.vllm.judge import ReleaseObservation, capabilities, run_release_cases
 from pcpcheck_spec.names import DRAFT, DRAFT_REGIMES, LAYOUT, Batch
-
-
-def run_release_cases(cases, release: ReleaseInfo, backend):
-    """The engine's run_many for a release: one step at a time through rank_step."""
-    for case in cases:
-        yield observe_release_case(case, release, backend)
 
 
 def search_regime(release: ReleaseInfo, regime: str, backend, *, max_examples: int,
                   max_ranks: int, seed: int | None, empty_steps: bool, deadline=None,
-                  on_case=None) -> RegimeResult:
+                  on_case=None, on_wait=None) -> RegimeResult:
     """One regime of a release: not applicable (the reason from its code), or searched."""
     reason = capabilities(release).not_applicable.get(regime)
     if reason:
@@ -39,7 +33,7 @@ def search_regime(release: ReleaseInfo, regime: str, backend, *, max_examples: i
                   derandomize=seed is None, seed=seed, deadline=deadline, on_case=on_case,
                   transform=functools.partial(era_case, caps=capabilities(release),
                                               empty_steps=empty_steps),
-                  run_many=run_release_cases, reduce=False)
+                  run_many=run_release_cases, reduce=False, on_wait=on_wait)
 
 
 def release_order(batch: Batch) -> Batch:

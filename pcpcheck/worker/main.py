@@ -62,6 +62,10 @@ class Status:
         self._states[rank] = state
         self._write()
 
+    def seconds(self, rank: int) -> float:
+        """How long `rank` has run in this case."""
+        return self._seconds[rank]
+
     def _write(self) -> None:
         # Packed aside, then copied in: struct.pack_into zeroes its target before filling it,
         # and a driver reading in between saw "rank 0 running since time 0": a false hang.
@@ -196,6 +200,8 @@ class Worker:
             results, out_blobs = self._threads_case(header, blobs, targets)
         else:
             results, out_blobs = self._rank_case(header, blobs, targets[0])
+        for result in results:  # each rank's own running time in this case (the status file's)
+            result["seconds"] = self.status.seconds(result["rank"])
         wire.send(self.out, {"op": "result", "ranks": results}, out_blobs)
 
     def _on_switch(self, ranges: list):
