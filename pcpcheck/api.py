@@ -23,7 +23,8 @@ from pcpcheck.baseline import Baseline, load_baseline
 from pcpcheck.cases import parse_case
 from pcpcheck.judge import run_case
 from pcpcheck.compare import DIFFERENT, run_pairs
-from pcpcheck.engine import RegimeResult, Replays, search
+from pcpcheck.engine import RegimeResult, search
+from pcpcheck.minimize import Replays
 from pcpcheck.jobs import budget_share, search_in_parallel
 from pcpcheck.results import (DEFAULT_MAX_EXAMPLES, DEFAULT_RELEASE_EXAMPLES, CheckResult,
                               Counterexample, DiffResult, Options, RegimeDiff, RegimeSummary,

@@ -96,7 +96,7 @@ def call_text(observation, target=None) -> str:
 def counterexample(observation, regime: str, source: str,
                    function: str | None = None, target=None, replays=None) -> str:
     """`target`: the loaded target's metadata (what it was called with); `replays`
-    (engine.Replays): how often the case showed the violation again, if replayed."""
+    (minimize.Replays): how often the case showed the violation again, if replayed."""
     first = observation.violations[0]
     prepared = observation.prepared
     hazard = " [hazard]" if regime in HAZARD_REGIMES else ""

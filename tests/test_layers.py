@@ -23,7 +23,7 @@ LAYERS = {
     "render": ("pcpcheck.progress", "pcpcheck.outputs", "pcpcheck.html", "pcpcheck.junit",
                "pcpcheck.repro"),
     "api": ("pcpcheck.api", "pcpcheck.assemble"),
-    "search": ("pcpcheck.engine", "pcpcheck.jobs", "pcpcheck.vllm.verdict"),
+    "search": ("pcpcheck.engine", "pcpcheck.minimize", "pcpcheck.jobs", "pcpcheck.vllm.verdict"),
     "text": ("pcpcheck.report",),
     "judge": ("pcpcheck.judge", "pcpcheck.compare", "pcpcheck.vllm.judge", "pcpcheck.baseline"),
     "cases": ("pcpcheck.cases", "pcpcheck.reduce"),
