@@ -84,6 +84,9 @@ EXPECTED = {
     "deep_recursion.py": DIED,
     "die_rank1.py": DIED,
     "hang_rank1.py": DIED,
+    "segfault_rank1.py": DIED,
+    # Every call hangs: a search stops at the first case and scans its smaller ones
+    "hangs_every_call.py": Expect(1, COLLECTIVE, ANY_RANKS, args=SEARCH),
     # Cannot be loaded: exit 2, one line, in bounded time.
     "exit0_at_import.py": LOAD_ERROR,
     "loop_at_import.py": LOAD_ERROR,
