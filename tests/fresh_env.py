@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 VLLMLIKE_RELEASE = ROOT / "tests" / "vllmlike" / "release"
 GATHER_FILE = "vllm/v1/attention/ops/pcp.py"
 ZOO_IMPORT = "from tests.zoo.correct import _gather_prefill_cache_inputs\n"
+MANAGER_FILE = "vllm/v1/worker/gpu/pcp_manager.py"
+MANAGER_IMPORT = "from tests.vllmlike.release.vllm.v1.worker.gpu.pcp_manager import PCPManager as _Release\n"
 
 
 def copy_tracked(dest: Path) -> Path:
@@ -54,7 +56,8 @@ def venv_env(venv: Path, **extra: str) -> dict[str, str]:
 def vllm_checkout(dest: Path, manager: str | None = None) -> Path:
     """The project's vLLM-style release tree as a checkout (a fixture, never vLLM's code) that
     needs nothing of the source tree: the gather's import of the zoo's correct gather is replaced
-    by that file's text. Its manager is optionally one of tests/vllmlike's buggy ones."""
+    by that file's text. Its manager is optionally one of tests/vllmlike's buggy ones, a subclass
+    of the release's manager appended to its file."""
     shutil.copytree(VLLMLIKE_RELEASE, dest)
     gather = dest / GATHER_FILE
     correct = (ROOT / "tests" / "zoo" / "correct.py").read_text()
@@ -62,5 +65,8 @@ def vllm_checkout(dest: Path, manager: str | None = None) -> Path:
     assert ZOO_IMPORT in text, f"{gather}: the fixture no longer imports the zoo's gather"
     gather.write_text(text.replace(ZOO_IMPORT, correct))
     if manager:
-        shutil.copy(VLLMLIKE_RELEASE.parent / manager, dest / "vllm/v1/worker/gpu/pcp_manager.py")
+        bug = (VLLMLIKE_RELEASE.parent / manager).read_text()
+        assert MANAGER_IMPORT in bug, f"{manager}: not a subclass of the release's manager"
+        path = dest / MANAGER_FILE
+        path.write_text(path.read_text() + "\n" + bug.replace(MANAGER_IMPORT, "_Release = PCPManager\n"))
     return dest
