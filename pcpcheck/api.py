@@ -293,7 +293,8 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
 
     source: a release ('0.33.0', 'vllm==0.33.0'; fetched with pip into the wheel cache), a wheel,
     a checkout, or 'installed'. The release is read and fetched here, but loaded and run only in
-    the backend's worker process. baseline: known violations, as for `check`. Raises UsageError, SourceError, InterfaceDrift (LoadError's), WorkerError.
+    the backend's worker process. baseline: known violations, as for `check`.
+    Raises UsageError, SourceError, InterfaceDrift (LoadError's), WorkerError.
     """
     from pcpcheck.vllm.source import resolve
     from pcpcheck.vllm.verdict import counterexample, replay_command, search_regime
