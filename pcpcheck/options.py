@@ -53,6 +53,19 @@ def _add_search(parser: argparse.ArgumentParser, max_examples: int, unit: str) -
                         help="write the result as JSON (schema: docs/json-schema.md)")
 
 
+def _add_ci_outputs(parser: argparse.ArgumentParser) -> None:
+    """What `check` and `vllm` write for CI besides --json, and the known violations."""
+    parser.add_argument("--junit", metavar="FILE",
+                        help="write a JUnit XML report: one test case per regime x invariant")
+    parser.add_argument("--summary", metavar="FILE",
+                        help="write the verdict table as Markdown (a CI job summary)")
+    parser.add_argument("--html", metavar="DIR",
+                        help="write a page per counterexample and a summary page into DIR")
+    parser.add_argument("--baseline", metavar="FILE",
+                        help="known violations, one 'REGIME INVARIANT' per line (# comments): "
+                             "they do not fail the run; listed ones no longer found are reported")
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -103,13 +116,7 @@ def parser() -> argparse.ArgumentParser:
                        help="threads backend: regimes searched by N driver processes at once, "
                             "each with its own worker (default: one per two cores); the "
                             "result does not depend on it")
-    check.add_argument("--junit", metavar="FILE",
-                       help="write a JUnit XML report: one test case per regime x invariant")
-    check.add_argument("--html", metavar="DIR",
-                       help="write a page per counterexample and a summary page into DIR")
-    check.add_argument("--baseline", metavar="FILE",
-                       help="known violations, one 'REGIME INVARIANT' per line (# comments): "
-                            "they do not fail the run; listed ones no longer found are reported")
+    _add_ci_outputs(check)
     check.add_argument("--replay", metavar="CASE_JSON",
                        help="judge this one case (as printed in a counterexample's replay line)")
     diff = commands.add_parser("diff", help="compare two versions of the gather on the same cases")
@@ -127,6 +134,7 @@ def _add_vllm(commands) -> None:
     _add_search(vllm, DEFAULT_RELEASE_EXAMPLES, "steps")
     vllm.add_argument("--budget", type=_positive_float, metavar="SECONDS",
                       help="wall-clock limit across all regimes")
+    _add_ci_outputs(vllm)
     vllm.add_argument("--empty-steps", action="store_true",
                       help="also draw steps with no scheduled token (a hazard: the model "
                            "runner never runs them)")

@@ -21,7 +21,7 @@ LAYERS = {
     "face": ("pcpcheck", "pcpcheck.__main__", "pcpcheck.cli", "pcpcheck.options",
              "pcpcheck.pytest_plugin", "pcpcheck.torchrun", "pcpcheck.torchrun.*"),
     "render": ("pcpcheck.progress", "pcpcheck.outputs", "pcpcheck.html", "pcpcheck.junit",
-               "pcpcheck.repro"),
+               "pcpcheck.summary", "pcpcheck.repro"),
     "api": ("pcpcheck.api", "pcpcheck.assemble"),
     "search": ("pcpcheck.engine", "pcpcheck.minimize", "pcpcheck.jobs", "pcpcheck.vllm.verdict"),
     "text": ("pcpcheck.report",),
