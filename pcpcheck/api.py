@@ -23,7 +23,7 @@ from pcpcheck.baseline import Baseline, load_baseline
 from pcpcheck.cases import parse_case
 from pcpcheck.judge import run_case
 from pcpcheck.compare import DIFFERENT, run_pairs
-from pcpcheck.engine import RegimeResult, Replays, search
+from pcpcheck.engine import RegimeResult, Replays, count_coverage, search
 from pcpcheck.jobs import budget_share, search_in_parallel
 from pcpcheck.results import (DEFAULT_MAX_EXAMPLES, DEFAULT_RELEASE_EXAMPLES, CheckResult,
                               Counterexample, DiffResult, Options, RegimeDiff, RegimeSummary,
@@ -392,6 +392,7 @@ def _one_case(source: str, target, observation, options: Options, describe=None,
     regime = observation.prepared.case.batch.regime
     result = RegimeResult(regime, cases=1, checked=Counter(observation.checked),
                           violated=Counter(v.invariant for v in observation.violations))
+    count_coverage(result, observation)
     if observation.violations:
         result.counterexamples, result.replays = [observation], [Replays(1, 1)]
     return assemble.result(source, target, options, [result], Baseline(None, ()), describe, release)

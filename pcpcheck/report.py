@@ -189,11 +189,32 @@ def verdict_table(results, ids=GATHER_IDS) -> list[str]:
     return lines
 
 
+def coverage_table(results) -> list[str]:
+    """Per regime, the cases whose ranks took each gather branch and the cases that exercised
+    each layout feature (results.RegimeSummary.branches, .features): 0 is what was never
+    exercised."""
+    results = [r for r in results if r.branches or r.features]
+    if not results:
+        return []
+    rows = [(f"branch {b}", [dict(r.branches).get(b, 0) for r in results])
+            for b, _ in results[0].branches]
+    rows += [(f, [dict(r.features).get(f, 0) for r in results]) for f, _ in results[0].features]
+    head = max(len(name) for name, _ in rows) + 2
+    width = max(12, *(len(r.regime) + 2 for r in results))
+    lines = ["coverage (cases)".ljust(head) + "".join(r.regime.rjust(width) for r in results)]
+    lines += [name.ljust(head) + "".join(str(n).rjust(width) for n in counts)
+              for name, counts in rows]
+    return lines
+
+
 def result_text(result) -> str:
     """The whole report of a CheckResult as `pcpcheck check` and `pcpcheck vllm` print it: the
     verdict table, each shown counterexample, and the summary lines."""
     ids = RELEASE_IDS if result.release is not None else GATHER_IDS
     lines = ["", *verdict_table(result.regimes, ids)]
+    covered = coverage_table(result.regimes)
+    if covered:
+        lines += ["", *covered]
     shown = [k for k, c in enumerate(result.counterexamples) if c.folded_into is None]
     if shown:
         lines += ["", LEGEND]

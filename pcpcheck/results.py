@@ -62,6 +62,10 @@ class RegimeSummary:
     not_applicable: str | None = None  # why the target cannot reach this regime (nothing drawn)
     slowest_call: float = 0.0  # seconds of the slowest rank's call of any case
     mean_call: float = 0.0  # the slowest rank's call per case, on average
+    # What the cases exercised (pcpcheck.coverage), every branch and feature, 0 where none did:
+    # (branch letter, cases whose ranks took it), (layout feature, cases exercising it)
+    branches: tuple[tuple[str, int], ...] = ()
+    features: tuple[tuple[str, int], ...] = ()
 
     @property
     def checked(self) -> dict[str, int]:
@@ -207,6 +211,7 @@ class CheckResult:
                 "cases": s.cases, "seconds": s.seconds, "check_seconds": s.check_seconds,
                 "budget_reached": s.budget_reached, "not_applicable": s.not_applicable,
                 "slowest_call": s.slowest_call, "mean_call": s.mean_call,
+                "coverage": {"branches": dict(s.branches), "features": dict(s.features)},
                 "invariants": {c.invariant: {"checked": c.checked, "violated": c.violated}
                                for c in s.invariants}} for s in self.regimes},
             "counterexamples": [{
@@ -244,7 +249,9 @@ class CheckResult:
                 regime, r["cases"], r["seconds"], r["check_seconds"],
                 tuple(InvariantCount(i, c["checked"], c["violated"])
                       for i, c in r["invariants"].items()), r["budget_reached"],
-                r.get("not_applicable"), r.get("slowest_call", 0.0), r.get("mean_call", 0.0))
+                r.get("not_applicable"), r.get("slowest_call", 0.0), r.get("mean_call", 0.0),
+                tuple(r.get("coverage", {}).get("branches", {}).items()),
+                tuple(r.get("coverage", {}).get("features", {}).items()))
                 for regime, r in data["regimes"].items()),
             counterexamples=tuple(Counterexample(
                 regime=c["regime"],

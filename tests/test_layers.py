@@ -25,7 +25,7 @@ LAYERS = {
     "api": ("pcpcheck.api", "pcpcheck.assemble"),
     "search": ("pcpcheck.engine", "pcpcheck.jobs", "pcpcheck.vllm.verdict"),
     "text": ("pcpcheck.report",),
-    "judge": ("pcpcheck.judge", "pcpcheck.compare", "pcpcheck.vllm.judge", "pcpcheck.baseline"),
+    "judge": ("pcpcheck.judge", "pcpcheck.coverage", "pcpcheck.compare", "pcpcheck.vllm.judge", "pcpcheck.baseline"),
     "cases": ("pcpcheck.cases", "pcpcheck.reduce"),
     "results": ("pcpcheck.results",),
     "transport": ("pcpcheck.backends", "pcpcheck.backends.*"),
