@@ -23,7 +23,9 @@ from pcpcheck.baseline import Baseline, load_baseline
 from pcpcheck.cases import parse_case
 from pcpcheck.judge import run_case
 from pcpcheck.compare import DIFFERENT, run_pairs
+from pcpcheck import scope as scopes
 from pcpcheck.engine import RegimeResult, Replays, count_coverage, search
+from pcpcheck.exhaustive import exhaust
 from pcpcheck.jobs import budget_share, search_in_parallel
 from pcpcheck.results import (DEFAULT_MAX_EXAMPLES, DEFAULT_RELEASE_EXAMPLES, CheckResult,
                               Counterexample, DiffResult, Options, RegimeDiff, RegimeSummary,
@@ -117,6 +119,26 @@ def validate(options: Options) -> None:
         raise UsageError(f"every world size must be between 2 and 8: {list(options.world_sizes)}")
 
 
+def exhaustive_scope(exhaustive: bool, scope, backend: str = "threads", world_sizes=None):
+    """Options.scope: the scope's KEY=VALUE text when exhaustive, else None (UsageError for a
+    scope without --exhaustive, a malformed one, or ranks a process backend does not pool)."""
+    if not exhaustive:
+        if scope is not None:
+            raise UsageError("--scope bounds an exhaustive check: add --exhaustive")
+        return None
+    if scope is None:
+        scope = scopes.DEFAULT_SCOPE
+    elif isinstance(scope, str):
+        try:
+            scope = scopes.parse_scope(scope)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if backend != "threads" or world_sizes:
+        raise UsageError("--exhaustive runs on the threads backend (its scope names the world "
+                         "sizes: --scope ranks=...)")
+    return scope.spec()
+
+
 def default_world_sizes(backend: str, world_sizes, device: str):
     """The world sizes a process backend pools (None for threads), checked against the GPUs."""
     if backend == "threads":
@@ -164,7 +186,7 @@ def check(target, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_MAX_EX
           backend: str = "threads", baseline: str | os.PathLike | None = None,
           function: str | None = None, timeout: float = 10.0, world_sizes=None,
           device: str = "cpu", progress: Progress | None = None, runner=None,
-          jobs: int | None = None) -> CheckResult:
+          jobs: int | None = None, exhaustive: bool = False, scope=None) -> CheckResult:
     """Check a gather implementation against the spec in each regime.
 
     target: a callable (importable as module:function), a .py path, 'module:function' or 'impl'.
@@ -173,13 +195,17 @@ def check(target, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_MAX_EX
     (`REGIME INVARIANT` per line). runner: an already started backend (torchrun's rank 0).
     jobs: driver processes searching regimes at once (default_jobs: one per two cores on the
     threads backend); the result does not depend on it.
+    exhaustive: instead of drawing max_examples cases, check every step within `scope` (a
+    pcpcheck.scope.Scope or its `KEY=VALUE,...` text; default scope.DEFAULT_SCOPE), smallest
+    first (pcpcheck.exhaustive); the result's regimes say how many steps the scope holds.
     Raises UsageError, LoadError, WorkerError (rank processes failed to start), CheckerError.
     """
     if isinstance(regimes, str):
         regimes = (regimes,)
     options = Options(tuple(dict.fromkeys(regimes)), max_examples, max_ranks, seed, budget_s,
                       backend, tuple(world_sizes) if world_sizes else None, device, timeout,
-                      function, None if baseline is None else os.fspath(baseline))
+                      function, None if baseline is None else os.fspath(baseline),
+                      scope=exhaustive_scope(exhaustive, scope, backend, world_sizes))
     validate(options)
     known = load_baseline(options.baseline) if options.baseline else Baseline(options.baseline, ())
     source = resolve_target(target)
@@ -238,6 +264,9 @@ def _search_regime(target, runner, options: Options, regime: str, deadline, on_c
                    on_wait=None) -> RegimeResult:
     if regime == SHARDED and not target.accepts_shard:  # its era has no decode sharding
         return RegimeResult(regime, not_applicable=NO_SHARD_FLAG)
+    if options.scope is not None:
+        return exhaust(target, regime, runner, scopes.parse_scope(options.scope),
+                       deadline=deadline, on_case=on_case, on_wait=on_wait)
     return search(target, regime, runner, max_examples=options.max_examples,
                   max_ranks=options.max_ranks, derandomize=options.seed is None, seed=options.seed,
                   pcp_sizes=options.world_sizes, deadline=deadline, on_case=on_case,

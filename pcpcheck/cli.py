@@ -100,7 +100,8 @@ def run_check(args, runner=None) -> int:
                        max_ranks=args.max_ranks, seed=args.seed, budget_s=args.budget,
                        backend=args.backend, baseline=args.baseline, function=args.function,
                        timeout=args.timeout, world_sizes=args.world_sizes, device=args.device,
-                       progress=LinePrinter(), runner=runner, jobs=args.jobs)
+                       progress=LinePrinter(), runner=runner, jobs=args.jobs,
+                       exhaustive=args.exhaustive, scope=args.scope)
     print(report.result_text(result))
     write_outputs(args, result)
     return result.exit_code

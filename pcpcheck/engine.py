@@ -110,6 +110,7 @@ class RegimeResult:
     budget_reached: bool = False  # the deadline stopped the search early
     slowest_call: float = 0.0  # seconds of the slowest rank's call of any case
     call_seconds: float = 0.0  # the slowest rank's call of each case, summed (mean: / cases)
+    scope_steps: int | None = None  # exhaustive search: the steps its scope holds (else None)
 
 
 def count_coverage(result: RegimeResult, observation: Observation) -> None:

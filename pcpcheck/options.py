@@ -84,6 +84,19 @@ def _add_backend(parser: argparse.ArgumentParser) -> None:
                         help="threads backend: put every tensor and the cache write on this device")
 
 
+def _add_exhaustive(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--exhaustive", action="store_true",
+                        help="check every step within --scope, each once, smallest first (the "
+                             "first violation is a smallest one: no shrinking), instead of "
+                             "--max-examples random cases")
+    parser.add_argument("--scope", metavar="KEY=VALUE,...",
+                        help="--exhaustive's bounds: ranks=A..B or A/B/C, requests=N, tokens=N "
+                             "(per request), context=N, block-sizes=A/B/C, interleaves=A/B, "
+                             "graph=N (rows past the widest rank), dp=N (draft DP padding); "
+                             "unnamed keys keep the default (ranks=2/3/4,requests=2,tokens=4,"
+                             "context=1,block-sizes=1/2/4,interleaves=1/2,graph=1,dp=1)")
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line's parser (pcpcheck.cli's commands; torchrun's rank entry takes `check`'s)."""
     parser = _Parser(prog="pcpcheck", description=DESCRIPTION)
@@ -112,6 +125,7 @@ def parser() -> argparse.ArgumentParser:
                             "they do not fail the run; listed ones no longer found are reported")
     check.add_argument("--replay", metavar="CASE_JSON",
                        help="judge this one case (as printed in a counterexample's replay line)")
+    _add_exhaustive(check)
     diff = commands.add_parser("diff", help="compare two versions of the gather on the same cases")
     diff.add_argument("old")
     diff.add_argument("new")

@@ -242,6 +242,8 @@ def result_text(result) -> str:
                   "case: raise --timeout if a correct call can take longer, lower --max-examples "
                   "to finish sooner"]
     lines += ["", f"all regimes: {rates(*result.regimes, wall=result.seconds)}: {summary}"]
+    if result.options.scope is not None:
+        lines.append(exhaustive_line(result, summary))
     if any(s.budget_reached for s in result.regimes):
         lines.append(f"budget of {result.options.budget_s:g} s reached; cases per regime: "
                      + ", ".join(f"{s.regime} {s.cases}" for s in result.regimes))
@@ -249,6 +251,21 @@ def result_text(result) -> str:
         lines.append(f"no longer found, remove from {result.baseline.path}: " + "; ".join(
             f"{regime} {invariant}" for regime, invariant in result.baseline.fixed))
     return "\n".join(lines)
+
+
+def exhaustive_line(result, summary: str) -> str:
+    """What an exhaustive check covered: the steps its scope holds and how many ran."""
+    from pcpcheck.scope import parse_scope
+    searched = [s for s in result.regimes if s.scope_steps is not None]
+    total, ran = sum(s.scope_steps for s in searched), sum(s.cases for s in searched)
+    within = f"within {parse_scope(result.options.scope).describe()}"
+    per_regime = " (" + ", ".join(f"{s.regime} {s.scope_steps:,}" for s in searched) + ")"
+    if all(s.complete for s in searched):
+        return f"exhaustive: {total:,} steps{per_regime} {within}: {summary}"
+    why = ("the budget ran out" if any(s.budget_reached for s in searched) else
+           "each regime stopped once the steps of its first violation's size were done: each "
+           "counterexample is a smallest step of its regime, found without shrinking")
+    return f"exhaustive: {ran:,} of {total:,} steps{per_regime} {within} checked: {why}"
 
 
 def release_header(record, name: str, stand_ins) -> list[str]:
