@@ -37,6 +37,8 @@ def exhaust(target, regime: str, runner, scope: scopes.Scope, *, deadline: float
     started = time.perf_counter()
     pending: deque = deque()
     stop_after: list = []  # the size level of the first violation, once met
+    smallest: dict = {}  # first invariant -> the first step (in order of size) reported under it
+    witness: dict = {}  # invariant -> the first step violating it at all
     out_of_time = False
 
     def stream():
@@ -54,18 +56,23 @@ def exhaust(target, regime: str, runner, scope: scopes.Scope, *, deadline: float
             pending.popleft()
             count += 1
             run.phase = f"exhaustive, step {count + 1}"
-            if run.record(observation) is not None and not stop_after:
-                stop_after.append(_level(observation.prepared.case))
+            first = run.record(observation)
+            if first is not None:
+                if not stop_after:
+                    stop_after.append(_level(observation.prepared.case))
+                smallest.setdefault(first, observation)  # the first met is the smallest
+                for violation in observation.violations:
+                    witness.setdefault(violation.invariant, observation)
             if observation.costly:
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 out_of_time = result.budget_reached = True
         result.check_seconds = result.seconds = time.perf_counter() - started
-        result.counterexamples = sorted(run.smallest.values(), key=_priority)
+        result.counterexamples = sorted(smallest.values(), key=_priority)
         for observation in result.counterexamples:
             observation.note = NOTE
         shown = {v.invariant for o in result.counterexamples for v in o.violations}
-        for invariant, observation in run.witness.items():  # violated only beside another
+        for invariant, observation in witness.items():  # violated only beside another
             if invariant not in shown:
                 result.counterexamples.append(observation)
                 shown.update(v.invariant for v in observation.violations)

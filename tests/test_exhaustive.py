@@ -1,0 +1,158 @@
+"""`pcpcheck check --exhaustive`: every well-formed step within a scope, each once, smallest
+first. The enumeration (pcpcheck.scope) is held against a brute-force generator written here
+(every raw step, any block ids, canonicalised by the stated symmetries); the default scope finds
+every zoo bug with its exact ID, no larger than the random search's shrunk case, and the
+bundled implementation holds within it."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from pcpcheck import api, coverage, scope
+from pcpcheck.cases import kernel_decode_tokens, validate_case
+from pcpcheck.reduce import size
+from pcpcheck.shared.case import Case
+from pcpcheck.shared.errors import UsageError
+from pcpcheck_spec.names import DCP, DRAFT_MIXED, DRAFT_REGIMES, REGIMES, Batch, Request
+
+from tests.test_zoo import ZOO, ZOO_CASES, _size
+
+SMALL = [
+    scope.Scope(pcp_sizes=(2,), max_requests=2, max_tokens=2, max_context=1, block_sizes=(1, 2),
+                interleaves=(1, 2), max_graph_pad=1, max_dp_pad=1),
+    scope.Scope(pcp_sizes=(2, 3), max_requests=1, max_tokens=3, max_context=2, block_sizes=(2,),
+                interleaves=(1, 2), max_graph_pad=2, max_dp_pad=2),
+]
+
+
+def _canonical(batch: Batch) -> Batch:
+    """The stated symmetries, applied by hand: block ids renumbered 0.. in order of first use;
+    a request scheduling nothing as (0, decode, no context, no block); a graph size that pads
+    nothing as none; a draft map "padded" without padding rows as unpadded."""
+    rename = {}
+    requests = []
+    for r in batch.requests:
+        if r.num_tokens == 0:
+            requests.append(Request(0, False, 0, ()))
+            continue
+        for b in r.blocks:
+            rename.setdefault(b, len(rename))
+        requests.append(dataclasses.replace(r, blocks=tuple(rename[b] for b in r.blocks)))
+    batch = dataclasses.replace(batch, requests=tuple(requests))
+    import pcpcheck_reference as reference
+    if batch.graph_size and batch.graph_size == int(reference.layout(
+            dataclasses.replace(batch, graph_size=0)).counts.max(initial=0)):
+        batch = dataclasses.replace(batch, graph_size=0)
+    if batch.regime in DRAFT_REGIMES and not batch.dp_pad:
+        batch = dataclasses.replace(batch, pad_slot_map=False)
+    return batch
+
+
+def _brute_force(bounds: scope.Scope, regime: str) -> set[Batch]:
+    """Every raw step within the bounds (any flag and context on an empty request, block ids
+    permuted, graph sizes from none up), kept when well formed, canonicalised."""
+    import pcpcheck_reference as reference
+    found = set()
+    drafts = regime in DRAFT_REGIMES
+    one = [(q, pf, c) for q in range(0 if not drafts else 1, bounds.max_tokens + 1)
+           for pf in ((False,) if drafts else (False, True)) for c in range(bounds.max_context + 1)]
+    for p, b, i in itertools.product(bounds.pcp_sizes, bounds.block_sizes,
+                                     bounds.interleaves if regime == DCP else (1,)):
+        if b % i:  # WF_SLOTS: the interleave divides the block size
+            continue
+        span = b * (p if regime == DCP else 1)
+        for n in range(bounds.max_requests + 1):
+            for drawn in itertools.product(one, repeat=n):
+                needs = [-(-(c + q) // span) for q, _, c in drawn]
+                total = sum(needs)
+                orders = list(itertools.permutations(range(total)))[:6]  # any relabelling
+                for order in orders:
+                    requests, k = [], 0
+                    for (q, pf, c), need in zip(drawn, needs):
+                        requests.append(Request(q, pf, c, tuple(order[k:k + need])))
+                        k += need
+                    base = Batch(regime, p, tuple(requests), b, i)
+                    if drafts:
+                        nd = kernel_decode_tokens(base.requests) if regime == DRAFT_MIXED else None
+                        variants = [dataclasses.replace(base, dp_pad=d, pad_slot_map=m,
+                                                        num_decode_tokens=nd)
+                                    for d in range(bounds.max_dp_pad + 1) for m in (False, True)]
+                    else:
+                        try:
+                            widest = int(reference.layout(base).counts.max(initial=0))
+                        except ValueError:
+                            continue
+                        variants = [dataclasses.replace(base, graph_size=g)
+                                    for g in (0, *range(widest, widest + bounds.max_graph_pad + 1))]
+                    for batch in variants:
+                        try:
+                            validate_case(Case(batch))
+                        except ValueError:
+                            continue
+                        found.add(_canonical(batch))
+    return found
+
+
+@pytest.mark.parametrize("bounds", SMALL)
+@pytest.mark.parametrize("regime", REGIMES)
+def test_the_enumeration_counts_every_step_once_as_a_brute_force_does(bounds, regime):
+    listed = [case.batch for case in scope.steps(bounds, regime)]
+    for batch in listed:
+        validate_case(Case(batch))  # well formed
+    assert len({_canonical(b) for b in listed}) == len(listed), "two steps equal up to symmetry"
+    assert len(listed) == scope.count(bounds, regime) == len(_brute_force(bounds, regime))
+
+
+def test_steps_come_in_order_of_size():
+    listed = list(scope.steps(SMALL[1], "sharded"))
+    levels = [size(case)[:3] for case in listed]
+    assert levels == sorted(levels)
+
+
+def test_the_default_scope_reaches_every_feature_but_kv_groups():
+    reached = {regime: set() for regime in REGIMES}
+    branches = set()
+    for regime in REGIMES:
+        for case in scope.steps(scope.DEFAULT_SCOPE, regime):
+            reached[regime] |= coverage.features(case)
+            branches |= coverage.branches(case)
+    assert branches == set(coverage.BRANCHES)
+    assert set().union(*reached.values()) == set(coverage.FEATURES) - {coverage.KV_GROUPS}
+
+
+def test_scope_text_round_trips_and_bad_scopes_are_one_line():
+    assert scope.parse_scope(scope.DEFAULT_SCOPE.spec()) == scope.DEFAULT_SCOPE
+    assert scope.parse_scope("ranks=2..3,tokens=2").pcp_sizes == (2, 3)
+    for text, named in [("ranks=1..3", "ranks"), ("colour=2", "colour"), ("tokens=x", "tokens")]:
+        with pytest.raises(ValueError, match=named):
+            scope.parse_scope(text)
+    with pytest.raises(UsageError, match="--exhaustive"):
+        api.check("impl", scope="ranks=2")
+
+
+def test_a_small_scope_holds_for_impl_and_says_so(pcpcheck_check, capsys):
+    code = pcpcheck_check(["impl", "--exhaustive", "--scope", "ranks=2,requests=1,tokens=2"])
+    out = capsys.readouterr().out
+    total = sum(scope.count(scope.parse_scope("ranks=2,requests=1,tokens=2"), r)
+                for r in ("sharded", "replicated", "dcp", "draft"))
+    assert code == 0
+    assert f"exhaustive: {total:,} steps (" in out and ": every invariant holds" in out
+
+
+@pytest.mark.parametrize("filename, regime, invariant, minimal", ZOO_CASES,
+                         ids=[f"{c[0]}-{c[2]}" for c in ZOO_CASES])
+def test_every_zoo_bug_is_found_exhaustively_at_its_smallest(filename, regime, invariant, minimal,
+                                                            threads_backend):
+    result = api.check(ZOO / filename, regimes=(regime,), exhaustive=True, runner=threads_backend)
+    assert result.exit_code == 1
+    first = result.counterexamples[0]
+    assert (first.invariant, first.regime) == (invariant, regime), first.report
+    ranks, rows, tokens = _size(json.loads(first.case))
+    assert ranks == minimal[0] and rows <= minimal[1] and tokens <= minimal[2], first.report
+    assert "none needed: exhaustive" in first.report
+    assert result.summary(regime).scope_steps == scope.count(scope.DEFAULT_SCOPE, regime)
