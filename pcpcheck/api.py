@@ -315,21 +315,25 @@ def _search_in_drivers(source: str, options: Options, jobs: int, progress: Progr
 def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_RELEASE_EXAMPLES,
                   max_ranks: int = 8, seed: int | None = None, budget_s: float | None = None,
                   timeout: float = 10.0, empty_steps: bool = False,
-                  progress: Progress | None = None) -> CheckResult:
+                  progress: Progress | None = None, exhaustive: bool = False,
+                  scope=None) -> CheckResult:
     """Check a vLLM release's own PCP path (`pcpcheck vllm SOURCE`): its PCPManager's layout
     (LAYOUT) and its gather and wrappers on every rank, per regime it can reach.
 
     source: a release ('0.33.0', 'vllm==0.33.0'; fetched with pip into the wheel cache), a wheel,
     a checkout, or 'installed'. The release is read and fetched here, but loaded and run only in
-    the backend's worker process. Raises UsageError, SourceError, InterfaceDrift (LoadError's), WorkerError.
+    the backend's worker process. exhaustive, scope: as `check`'s (each step in the release's
+    batch order, each distinct one once). Raises UsageError, SourceError, InterfaceDrift (LoadError's), WorkerError.
     """
     from pcpcheck.vllm.source import resolve
     from pcpcheck.vllm.verdict import counterexample, replay_command, search_regime
     if isinstance(regimes, str):
         regimes = (regimes,)
     options = Options(tuple(dict.fromkeys(regimes)), max_examples, max_ranks, seed, budget_s,
-                      "threads", None, "cpu", timeout, None, None, empty_steps)
+                      "threads", None, "cpu", timeout, None, None, empty_steps,
+                      exhaustive_scope(exhaustive, scope))
     validate(options)
+    bounds = None if options.scope is None else scopes.parse_scope(options.scope)
     spec = resolve(os.fspath(source)).spec()  # finds or fetches the files; executes nothing
     progress = progress or Progress()
     with make_runner("threads", timeout=timeout, world_sizes=None, device="cpu") as backend:
@@ -339,7 +343,7 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
             options, progress, lambda regime, share, on_case, on_wait: search_regime(
                 release, regime, backend, max_examples=max_examples, max_ranks=max_ranks,
                 seed=seed, empty_steps=empty_steps, deadline=share, on_case=on_case,
-                on_wait=on_wait))
+                on_wait=on_wait, scope=bounds))
     return assemble.result(spec["location"], release, options, results, Baseline(None, ()),
                            describe=lambda regime, observation, replays: (
                                replay_command(release, observation),

@@ -150,7 +150,8 @@ def run_vllm(args) -> int:
     result = api.check_release(args.source, regimes=args.regimes, max_examples=args.max_examples,
                                max_ranks=args.max_ranks, seed=args.seed, budget_s=args.budget,
                                timeout=args.timeout, empty_steps=args.empty_steps,
-                               progress=LinePrinter())
+                               progress=LinePrinter(), exhaustive=args.exhaustive,
+                               scope=args.scope)
     print(report.result_text(result))
     print(f"\n{result.target_name}: " + ", ".join(
         f"{regime} {text.split(':')[0]}" for regime, text in result.verdicts().items()))

@@ -25,15 +25,30 @@ def _level(case) -> tuple[int, int, int]:
     return batch.pcp_size, len(batch.requests), sum(r.num_tokens for r in batch.requests)
 
 
+def _steps(scope: scopes.Scope, regime: str, transform):
+    """The scope's steps, each mapped by `transform` (a release's batch order: None drops a step
+    it never runs), each distinct one once."""
+    if transform is None:
+        yield from scopes.steps(scope, regime)
+        return
+    seen = set()
+    for case in scopes.steps(scope, regime):
+        case = transform(case)
+        if case is not None and case not in seen:
+            seen.add(case)
+            yield case
+
+
 def exhaust(target, regime: str, runner, scope: scopes.Scope, *, deadline: float | None = None,
             on_case=None, on_wait=None, run_many=run_cases, transform=None) -> RegimeResult:
     """Check `target` on every step of `regime` within `scope` (engine.search's arguments, less
-    the drawing ones). The result's `scope_steps` is how many steps the scope holds, its `cases`
+    the drawing ones; a `transform` that reorders requests keeps each step's size). The result's `scope_steps` is how many steps the scope holds, its `cases`
     how many ran (fewer when a violation or the deadline stopped it)."""
     run = _Search(target, regime, runner, 0, max(scope.pcp_sizes), scope.pcp_sizes, deadline,
                   on_case, transform, run_many, on_wait)
     result = run.result
-    result.scope_steps = scopes.count(scope, regime)
+    result.scope_steps = (scopes.count(scope, regime) if transform is None
+                          else sum(1 for _ in _steps(scope, regime, transform)))
     started = time.perf_counter()
     pending: deque = deque()
     stop_after: list = []  # the size level of the first violation, once met
@@ -42,9 +57,7 @@ def exhaust(target, regime: str, runner, scope: scopes.Scope, *, deadline: float
     out_of_time = False
 
     def stream():
-        for case in scopes.steps(scope, regime):
-            if transform is not None and (case := transform(case)) is None:
-                continue
+        for case in _steps(scope, regime, transform):
             if out_of_time or (stop_after and _level(case) != stop_after[0]):
                 return
             pending.append(case)

@@ -145,6 +145,7 @@ def _add_vllm(commands) -> None:
                       help="also draw steps with no scheduled token (a hazard: the model "
                            "runner never runs them)")
     vllm.add_argument("--replay", metavar="CASE_JSON", help="judge this one step")
+    _add_exhaustive(vllm)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

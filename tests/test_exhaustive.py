@@ -156,3 +156,28 @@ def test_every_zoo_bug_is_found_exhaustively_at_its_smallest(filename, regime, i
     assert ranks == minimal[0] and rows <= minimal[1] and tokens <= minimal[2], first.report
     assert "none needed: exhaustive" in first.report
     assert result.summary(regime).scope_steps == scope.count(scope.DEFAULT_SCOPE, regime)
+
+
+def test_a_release_is_checked_exhaustively_in_its_own_order():
+    """`pcpcheck vllm --exhaustive`: every step of the scope in the release's batch order, each
+    distinct one once (its order can map two steps to one), empty steps left out as a release
+    never runs them."""
+    from tests.test_vllm import RELEASE_TREE
+    bounds = "ranks=2,requests=2,tokens=2,context=0,block-sizes=1/2"
+    result = api.check_release(RELEASE_TREE, regimes=("sharded", "draft"), exhaustive=True,
+                               scope=bounds)
+    assert result.exit_code == 0
+    for summary in result.regimes:
+        steps = list(scope.steps(scope.parse_scope(bounds), summary.regime))
+        assert 0 < summary.cases == summary.scope_steps < len(steps)
+
+
+def test_impl_holds_within_the_default_scope(threads_backend):
+    """The whole default scope (about a minute on 2 cores: benchmarks/README.md)."""
+    result = api.check("impl", exhaustive=True, runner=threads_backend)
+    assert result.holds
+    assert all(s.complete for s in result.regimes)
+    again = api.CheckResult.from_json(result.to_json())
+    assert again.options.scope == scope.DEFAULT_SCOPE.spec()
+    assert [s.scope_steps for s in again.regimes] == [
+        scope.count(scope.DEFAULT_SCOPE, r) for r in result.options.regimes]
