@@ -155,6 +155,10 @@ def test_every_zoo_bug_is_found_exhaustively_at_its_smallest(filename, regime, i
     ranks, rows, tokens = _size(json.loads(first.case))
     assert ranks == minimal[0] and rows <= minimal[1] and tokens <= minimal[2], first.report
     assert "none needed: exhaustive" in first.report
+    drawn = api.check(ZOO / filename, regimes=(regime,), max_examples=300, runner=threads_backend)
+    shrunk = _size(json.loads(drawn.counterexamples[0].case))
+    assert all(mine <= theirs for mine, theirs in zip((ranks, rows, tokens), shrunk)), (
+        (ranks, rows, tokens), shrunk)  # no larger than the random search's shrunk case
     assert result.summary(regime).scope_steps == scope.count(scope.DEFAULT_SCOPE, regime)
 
 
