@@ -160,6 +160,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.regimes = tuple(dict.fromkeys(args.regime))
     if not 0 < args.timeout < float("inf"):  # nan fails both comparisons
         raise UsageError(f"--timeout must be positive and finite (seconds), got {args.timeout}")
+    if args.command in ("check", "vllm") and args.replay and (args.exhaustive or args.scope):
+        raise UsageError("--replay judges one case; --exhaustive and --scope search a scope")
     if args.command in ("check", "vllm") and args.replay:  # malformed: exit 2 before anything starts
         from pcpcheck.api import read_case
         try:

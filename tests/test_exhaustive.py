@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pcpcheck import api, coverage, scope
+from pcpcheck import api, coverage, report, scope
 from pcpcheck.cases import kernel_decode_tokens, validate_case
 from pcpcheck.reduce import size
 from pcpcheck.shared.case import Case
@@ -185,3 +185,40 @@ def test_impl_holds_within_the_default_scope(threads_backend):
     assert again.options.scope == scope.DEFAULT_SCOPE.spec()
     assert [s.scope_steps for s in again.regimes] == [
         scope.count(scope.DEFAULT_SCOPE, r) for r in result.options.regimes]
+
+
+def test_several_drivers_give_the_same_exhaustive_result(threads_backend):
+    """--jobs: each regime's steps in another driver process; counts, coverage and the
+    counterexample are the same as one driver's."""
+    small = "ranks=2,requests=2,tokens=2,context=0"
+    target = ZOO / "bug03_nd_ownership.py"
+    alone = api.check(target, regimes=("sharded", "replicated"), exhaustive=True, scope=small,
+                      runner=threads_backend)
+    shared = api.check(target, regimes=("sharded", "replicated"), exhaustive=True, scope=small,
+                       jobs=2)
+    assert [(s.cases, s.scope_steps, s.branches, s.features, s.invariants) for s in alone.regimes] \
+        == [(s.cases, s.scope_steps, s.branches, s.features, s.invariants) for s in shared.regimes]
+    assert [c.case for c in alone.counterexamples] == [c.case for c in shared.counterexamples]
+    assert alone.summary("sharded").cases < alone.summary("sharded").scope_steps  # stopped early
+
+
+def test_a_budget_cuts_an_exhaustive_run_and_the_report_says_so(threads_backend):
+    result = api.check("impl", regimes=("dcp",), exhaustive=True, budget_s=0.5,
+                       runner=threads_backend)
+    summary = result.summary("dcp")
+    assert summary.budget_reached and 0 < summary.cases < summary.scope_steps
+    assert "steps (dcp 9,210) within" in report.result_text(result)
+    assert "checked: the budget ran out" in report.result_text(result)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--exhaustive", "--scope", "ranks=9"], "scope: ranks must be between 2 and 8"),
+    (["--scope", "ranks=2"], "--scope bounds an exhaustive check: add --exhaustive"),
+    (["--exhaustive", "--backend", "gloo"], "--exhaustive runs on the threads backend"),
+    (["--exhaustive", "--replay", "{}"], "--replay judges one case"),
+])
+def test_bad_exhaustive_options_are_one_line_exit_2(argv, message, capsys):
+    from pcpcheck.cli import main
+    assert main(["check", "impl", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
