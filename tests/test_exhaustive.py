@@ -222,3 +222,18 @@ def test_bad_exhaustive_options_are_one_line_exit_2(argv, message, capsys):
     assert main(["check", "impl", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_exhaustive_result_follows_the_documented_schema_and_round_trips(threads_backend):
+    from tests.test_api import _schema, conforms
+    result = api.check(ZOO / "bug07_zero_pad.py", regimes=("sharded",), exhaustive=True,
+                       scope="ranks=2,requests=1,tokens=2", runner=threads_backend)
+    document = json.loads(result.to_json())
+    assert conforms(document, _schema("pcpcheck check result")) == []
+    assert document["options"]["scope"] == scope.parse_scope("ranks=2,requests=1,tokens=2").spec()
+    regime = document["regimes"]["sharded"]
+    assert regime["scope_steps"] == scope.count(scope.parse_scope("ranks=2,requests=1,tokens=2"),
+                                                "sharded")
+    assert set(regime["coverage"]["features"]) == set(coverage.FEATURES)
+    again = api.CheckResult.from_json(result.to_json())
+    assert again.regimes == result.regimes and again.options == result.options
