@@ -237,3 +237,22 @@ def test_an_exhaustive_result_follows_the_documented_schema_and_round_trips(thre
     assert set(regime["coverage"]["features"]) == set(coverage.FEATURES)
     again = api.CheckResult.from_json(result.to_json())
     assert again.regimes == result.regimes and again.options == result.options
+
+
+def test_vllm_0_33_0_gather_holds_within_the_default_scope(tmp_path, threads_backend):
+    """vLLM 0.33.0's own pcp.py, read from its wheel (fetched at test time, never committed):
+    every step of the default scope holds; its class-10 hazard is a smallest draft-mixed step."""
+    import zipfile
+    from pcpcheck.shared.errors import SourceError
+    from pcpcheck.vllm.source import fetch_release
+    try:
+        wheel = fetch_release("0.33.0")
+    except SourceError as exc:
+        pytest.fail(f"cannot fetch vllm==0.33.0 from the package registry: {exc}", pytrace=False)
+    gather = tmp_path / "pcp.py"
+    gather.write_bytes(zipfile.ZipFile(wheel).read("vllm/v1/attention/ops/pcp.py"))
+    result = api.check(gather, exhaustive=True, runner=threads_backend)
+    assert result.holds and all(s.complete for s in result.regimes), report.result_text(result)
+    hazard = api.check(gather, regimes=("draft-mixed",), exhaustive=True, runner=threads_backend)
+    first = hazard.counterexamples[0]
+    assert (first.invariant, _size(json.loads(first.case))) == ("REPLICA", (2, 2, 2)), first.report
