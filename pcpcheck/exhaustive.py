@@ -10,7 +10,6 @@ search stops there, as TLC stops at its first violation; otherwise it runs the w
 from __future__ import annotations
 
 import time
-from collections import deque
 
 from pcpcheck import scope as scopes
 from pcpcheck.engine import RegimeResult, _priority, _Search
@@ -42,15 +41,16 @@ def _steps(scope: scopes.Scope, regime: str, transform):
 def exhaust(target, regime: str, runner, scope: scopes.Scope, *, deadline: float | None = None,
             on_case=None, on_wait=None, run_many=run_cases, transform=None) -> RegimeResult:
     """Check `target` on every step of `regime` within `scope` (engine.search's arguments, less
-    the drawing ones; a `transform` that reorders requests keeps each step's size). The result's `scope_steps` is how many steps the scope holds, its `cases`
-    how many ran (fewer when a violation or the deadline stopped it)."""
+    the drawing ones; a `transform` that reorders requests keeps each step's size). The result's
+    `scope_steps` is how many steps the scope holds, its `cases` how many ran: fewer when a
+    violation or the deadline stopped it. The steps run are always a prefix of the order, so
+    the first step met violating an invariant is the smallest that does."""
     run = _Search(target, regime, runner, 0, max(scope.pcp_sizes), scope.pcp_sizes, deadline,
-                  on_case, transform, run_many, on_wait)
+                  on_case, None, run_many, on_wait)
     result = run.result
     result.scope_steps = (scopes.count(scope, regime) if transform is None
                           else sum(1 for _ in _steps(scope, regime, transform)))
     started = time.perf_counter()
-    pending: deque = deque()
     stop_after: list = []  # the size level of the first violation, once met
     smallest: dict = {}  # first invariant -> the first step (in order of size) reported under it
     witness: dict = {}  # invariant -> the first step violating it at all
@@ -60,13 +60,11 @@ def exhaust(target, regime: str, runner, scope: scopes.Scope, *, deadline: float
         for case in _steps(scope, regime, transform):
             if out_of_time or (stop_after and _level(case) != stop_after[0]):
                 return
-            pending.append(case)
             yield case
 
     with run.watching(runner):
         count = 0
         for observation in run_many(stream(), target, runner):
-            pending.popleft()
             count += 1
             run.phase = f"exhaustive, step {count + 1}"
             first = run.record(observation)
