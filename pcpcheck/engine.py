@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import ExampleDatabase, choices_to_bytes
 
+from pcpcheck import coverage
 from pcpcheck.cases import cases, draw_case
 from pcpcheck.judge import Observation, run_cases
 from pcpcheck.minimize import Replays, reduced, replay, scan
@@ -82,6 +83,8 @@ class RegimeResult:
     cases: int = 0
     checked: Counter = field(default_factory=Counter)  # invariant -> cases evaluated
     violated: Counter = field(default_factory=Counter)  # invariant -> cases violating it
+    branches: Counter = field(default_factory=Counter)  # gather branch -> cases taking it
+    features: Counter = field(default_factory=Counter)  # layout feature -> cases exercising it
     counterexamples: list[Observation] = field(default_factory=list)  # shrunk, one per invariant
     replays: list[Replays] = field(default_factory=list)  # one per counterexample, in order
     not_applicable: str = ""  # why the target cannot reach this regime (then nothing is drawn)
@@ -90,6 +93,14 @@ class RegimeResult:
     budget_reached: bool = False  # the deadline stopped the search early
     slowest_call: float = 0.0  # seconds of the slowest rank's call of any case
     call_seconds: float = 0.0  # the slowest rank's call of each case, summed (mean: / cases)
+    scope_steps: int | None = None  # exhaustive search: the steps its scope holds (else None)
+
+
+def count_coverage(result: RegimeResult, observation: Observation) -> None:
+    """Add what a case exercised (pcpcheck.coverage, from the case, not the target) to a
+    regime's counts."""
+    result.branches.update(coverage.branches(observation.prepared.case))
+    result.features.update(coverage.features(observation.prepared.case))
 
 
 MIN_CASES = 10  # hypothesis' least test calls before it stops looking for more bugs
@@ -213,6 +224,7 @@ class _Search:
         result.call_seconds += call
         result.checked.update(observation.checked)
         result.violated.update(v.invariant for v in observation.violations)
+        count_coverage(result, observation)
         if self.on_case is not None:
             self.on_case(result)
         if not observation.violations:

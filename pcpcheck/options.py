@@ -97,6 +97,19 @@ def _add_backend(parser: argparse.ArgumentParser) -> None:
                         help="threads backend: put every tensor and the cache write on this device")
 
 
+def _add_exhaustive(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--exhaustive", action="store_true",
+                        help="check every step within --scope, each once, smallest first (the "
+                             "first violation is a smallest one: no shrinking), instead of "
+                             "--max-examples random cases")
+    parser.add_argument("--scope", metavar="KEY=VALUE,...",
+                        help="--exhaustive's bounds: ranks=A..B or A/B/C, requests=N, tokens=N "
+                             "(per request), context=N, block-sizes=A/B/C, interleaves=A/B, "
+                             "graph=N (rows past the widest rank), dp=N (draft DP padding); "
+                             "unnamed keys keep the default (ranks=2/3/4,requests=2,tokens=4,"
+                             "context=1,block-sizes=1/2/4,interleaves=1/2,graph=1,dp=1)")
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line's parser (pcpcheck.cli's commands; torchrun's rank entry takes `check`'s)."""
     parser = _Parser(prog="pcpcheck", description=DESCRIPTION)
@@ -119,6 +132,7 @@ def parser() -> argparse.ArgumentParser:
     _add_ci_outputs(check)
     check.add_argument("--replay", metavar="CASE_JSON",
                        help="judge this one case (as printed in a counterexample's replay line)")
+    _add_exhaustive(check)
     diff = commands.add_parser("diff", help="compare two versions of the gather on the same cases")
     diff.add_argument("old")
     diff.add_argument("new")
@@ -139,6 +153,7 @@ def _add_vllm(commands) -> None:
                       help="also draw steps with no scheduled token (a hazard: the model "
                            "runner never runs them)")
     vllm.add_argument("--replay", metavar="CASE_JSON", help="judge this one step")
+    _add_exhaustive(vllm)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -153,6 +168,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.regimes = tuple(dict.fromkeys(args.regime))
     if not 0 < args.timeout < float("inf"):  # nan fails both comparisons
         raise UsageError(f"--timeout must be positive and finite (seconds), got {args.timeout}")
+    if args.command in ("check", "vllm") and args.replay and (args.exhaustive or args.scope):
+        raise UsageError("--replay judges one case; --exhaustive and --scope search a scope")
     if args.command in ("check", "vllm") and args.replay:  # malformed: exit 2 before anything starts
         from pcpcheck.api import read_case
         try:
