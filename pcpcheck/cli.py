@@ -136,6 +136,10 @@ def run_vllm(args) -> int:
     from pcpcheck.outputs import check_outputs, write_outputs
     check_outputs(args)
     api.use_cache_dir()
+    if args.steps:
+        result = api.check_steps(args.source, args.steps, timeout=args.timeout)
+        print(result.text())
+        return result.exit_code
     if args.replay:
         result = api.replay_release(args.source, args.replay, timeout=args.timeout)
         print("\n".join(report.release_header(result.release, result.target_name, result.stand_ins)))

@@ -139,6 +139,9 @@ def _add_vllm(commands) -> None:
                       help="also draw steps with no scheduled token (a hazard: the model "
                            "runner never runs them)")
     vllm.add_argument("--replay", metavar="CASE_JSON", help="judge this one step")
+    vllm.add_argument("--steps", metavar="DIR|FILE",
+                      help="replay steps recorded from a live vLLM (docs/record.md) and compare "
+                           "them with the release's own computation")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
