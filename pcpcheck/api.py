@@ -350,7 +350,8 @@ def check_steps(source, steps, *, timeout: float = 10.0, shrink: bool = True):
     with make_runner("threads", timeout=timeout, world_sizes=None, device="cpu") as backend:
         release = load_release(backend, spec)
         findings, judged = replay_steps(release, recorded, backend, shrink=shrink)
-    return StepsResult(f"vLLM {release.release['release']} ({spec['location']})", files,
+    version = release.release["release"]
+    return StepsResult(f"vLLM {version} ({spec['location']})", spec["location"], version, files,
                        len(recorded), judged, findings)
 
 

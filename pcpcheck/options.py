@@ -142,6 +142,8 @@ def _add_vllm(commands) -> None:
     vllm.add_argument("--steps", metavar="DIR|FILE",
                       help="replay steps recorded from a live vLLM (docs/record.md) and compare "
                            "them with the release's own computation")
+    vllm.add_argument("--repro-dir", metavar="DIR",
+                      help="with --steps: write a standalone pytest reproducer per violated step")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -156,6 +158,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.regimes = tuple(dict.fromkeys(args.regime))
     if not 0 < args.timeout < float("inf"):  # nan fails both comparisons
         raise UsageError(f"--timeout must be positive and finite (seconds), got {args.timeout}")
+    if args.command == "vllm" and args.repro_dir and not args.steps:
+        raise UsageError("--repro-dir applies to --steps (a drawn step's replay line is its "
+                         "reproducer)")
     if args.command in ("check", "vllm") and args.replay:  # malformed: exit 2 before anything starts
         from pcpcheck.api import read_case
         try:

@@ -7,12 +7,14 @@ pcpcheck's wheel cache (fetched with pip when absent, ~340 MB once)."""
 from __future__ import annotations
 
 import json
+import runpy
 from pathlib import Path
 
 import pytest
 
 from pcpcheck.api import check_steps
 from pcpcheck.cli import main
+from pcpcheck.shared.case import Case
 from pcpcheck.shared.errors import SourceError
 from pcpcheck.vllm.recording import SCHEMA
 from pcpcheck.vllm.source import fetch_release
@@ -63,6 +65,28 @@ def test_batch_order_step_is_collective_on_0_29_0(tmp_path):
     result = check_steps(wheel("0.29.0"), write(tmp_path / "rank.jsonl", OLD_ERA))
     assert [f.kind for f in result.findings] == [COLLECTIVE], result.text()
     assert result.judged == 1 and result.exit_code == 1
+
+
+def test_a_recorded_violation_is_shrunk_and_written_as_a_reproducer(tmp_path, capsys,
+                                                                     monkeypatch):
+    old, new = str(wheel("0.29.0")), str(wheel("0.33.0"))
+    recording = write(tmp_path / "rank.jsonl", OLD_ERA)
+    assert main(["vllm", old, "--steps", recording, "--repro-dir", str(tmp_path / "r")]) == 1
+    shrunk = Case.from_json(check_steps(old, recording).findings[0].case).batch
+    assert shrunk.block_size < 16 and len(shrunk.requests) == 2  # smaller, still the two requests
+    [path] = (tmp_path / "r").glob("test_repro_vllm_*.py")
+    assert f"reproducer: {path}" in capsys.readouterr().out
+    module = runpy.run_path(str(path))
+    [test] = [f for name, f in module.items() if name.startswith("test_")]
+    with pytest.raises(AssertionError, match="COLLECTIVE"):
+        test()
+    monkeypatch.setenv("PCPCHECK_TARGET", new)
+    runpy.run_path(str(path))[test.__name__]()  # the same step holds on 0.33.0
+
+
+def test_repro_dir_without_steps_is_refused(capsys):
+    assert main(["vllm", str(RELEASE_TREE), "--repro-dir", "x"]) == 2
+    assert "--repro-dir applies to --steps" in capsys.readouterr().err
 
 
 def test_batch_order_step_holds_on_0_33_0(tmp_path):

@@ -53,6 +53,8 @@ class Finding:
 @dataclass
 class StepsResult:
     target_name: str
+    source: str  # the release's location (a wheel or checkout)
+    release: str  # its version
     files: list[str]
     steps: int
     judged: int
