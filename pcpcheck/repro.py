@@ -71,7 +71,7 @@ def write_reproducers(directory: str, result) -> list[str]:
                              result.options.function) for c in result.counterexamples]
 
 
-_RELEASE_TEMPLATE = '''"""pcpcheck reproducer: {invariant} violated by a recorded step of vLLM {release}.
+_RELEASE_TEMPLATE = '''"""pcpcheck reproducer: {invariant} violated by a recorded step of {release}.
 
 {summary}
 
@@ -103,6 +103,7 @@ def write_release_reproducer(directory: str, source: str, release: str, step: in
     os.makedirs(directory, exist_ok=True)
     test_name = re.sub(r"\W+", "_", f"{invariant}_step_{step}").lower()
     stem = re.sub(r"\W+", "_", release)
+    release = f"vLLM {release}"
     filename = f"test_repro_vllm_{stem}_{test_name}.py"
     text = _RELEASE_TEMPLATE.format(invariant=invariant, release=release, filename=filename,
                                     summary=f"Step: {describe(Case.from_json(case_json))}",
