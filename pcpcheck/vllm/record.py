@@ -101,23 +101,29 @@ class Recorder:
         step = self.pending
         if step is None:
             return
-        maps = np.asarray(_plain(global_maps)).reshape(-1, sum(step["scheduled"]) or 0)
+        q = np.asarray(step["scheduled"], dtype=np.int64)
+        computed = np.asarray(step["computed"], dtype=np.int64)
+        maps = np.asarray(_plain(global_maps), dtype=np.int64).reshape(-1, int(q.sum()))
         span = self.block_size * step["dcp_size"]
-        requests, start = [], 0
-        for q, computed, prefilling in zip(step["scheduled"], step["computed"],
-                                           step["prefilling"]):
-            first = computed // span
-            groups = []
-            for group in maps:
-                blocks = [None] * (((computed + q - 1) // span - first + 1) if q else 0)
-                for k in range(q):
-                    slot = int(group[start + k])
-                    if slot >= 0:
-                        blocks[(computed + k) // span - first] = slot // self.block_size
-                groups.append(blocks)
-            requests.append({"scheduled": q, "computed": computed, "prefilling": prefilling,
-                             "draft_tokens": 0, "first_block": first, "block_ids": groups})
-            start += q
+        first = computed // span
+        counts = np.where(q > 0, (computed + q - 1) // span - first + 1, 0)
+        # per token: its request, and its virtual block's index in the request's list
+        request = np.repeat(np.arange(len(q)), q)
+        offset = np.arange(int(q.sum())) - np.repeat(np.cumsum(q) - q, q)
+        where = np.repeat(np.cumsum(counts) - counts, q) + (computed[request] + offset) // span \
+            - first[request]
+        groups = []
+        for group in maps:
+            blocks = np.full(int(counts.sum()), -1, dtype=np.int64)
+            owned = group >= 0
+            blocks[where[owned]] = group[owned] // self.block_size
+            groups.append([None if b < 0 else b for b in blocks.tolist()])
+        bounds = np.cumsum(counts).tolist()
+        requests = [{"scheduled": n, "computed": c, "prefilling": p, "draft_tokens": 0,
+                     "first_block": f, "block_ids": [g[end - k:end] for g in groups]}
+                    for n, c, p, f, k, end in zip(step["scheduled"], step["computed"],
+                                                  step["prefilling"], first.tolist(),
+                                                  counts.tolist(), bounds)]
         step["requests"] = requests
 
     def on_gather(self, arguments: dict, result) -> None:
@@ -128,7 +134,7 @@ class Recorder:
                                              "interleave", "graph_size", "shard_decode_requests",
                                              "requests")}
         slots = _plain(arguments["slot_mapping"])
-        line = step_line(**fields, block_size=self.block_size, dp_pad=0, kind=TARGET,
+        line = step_line(self.written == 0, **fields, block_size=self.block_size, dp_pad=0, kind=TARGET,
                          release={"slot_mapping": [int(s) for s in slots],
                                   "num_decode_tokens": int(arguments["num_decode_tokens"]),
                                   "sha256": {"inputs": _digest(
