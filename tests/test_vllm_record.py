@@ -222,3 +222,13 @@ def test_a_recorder_failure_is_logged_once_and_never_reaches_vllm(tmp_path, capl
     assert step(manager, gather)[2] == [3, -1]
     assert recorder.stopped and recorded_steps(tmp_path) == []
     assert len(caplog.records) == 1 and "recorder stopped: ValueError" in caplog.text
+
+
+def test_a_caller_that_bound_the_wrapper_before_the_plugin_loaded_calls_the_recorder(
+        tmp_path, monkeypatch):
+    caller = types.SimpleNamespace(maybe_gather_mla_latent_cache_inputs=mla_wrapper)
+    monkeypatch.setitem(sys.modules, record.MLA_CALLER, caller)
+    _, manager, gather = installed(tmp_path)
+    assert caller.maybe_gather_mla_latent_cache_inputs is getattr(gather, record.MLA_WRAPPER)
+    step(manager, types.SimpleNamespace(**vars(caller)))
+    assert recorded_steps(tmp_path) == [0]

@@ -20,6 +20,7 @@ import importlib
 import inspect
 import logging
 import os
+import sys
 import threading
 
 import numpy as np
@@ -35,6 +36,9 @@ DEFAULT_MAX_STEPS = 10_000
 MANAGER_MODULE = "vllm.v1.worker.gpu.pcp_manager"
 GATHER_MODULE = "vllm.v1.attention.ops.pcp"
 MLA_WRAPPER = "maybe_gather_mla_latent_cache_inputs"
+# Its caller binds the name at import (`from vllm.v1.attention.ops.pcp import ...`): if that module
+# was imported before the plugin loaded, its binding is patched too.
+MLA_CALLER = "vllm.model_executor.layers.attention.mla_attention"
 _MARK = "__pcpcheck_recorder__"
 
 logger = logging.getLogger("pcpcheck.record")
@@ -134,7 +138,8 @@ class Recorder:
                                              "interleave", "graph_size", "shard_decode_requests",
                                              "requests")}
         slots = _plain(arguments["slot_mapping"])
-        line = step_line(self.written == 0, **fields, block_size=self.block_size, dp_pad=0, kind=TARGET,
+        line = step_line(self.written == 0, **fields, block_size=self.block_size, dp_pad=0,
+                         kind=TARGET,
                          release={"slot_mapping": [int(s) for s in slots],
                                   "num_decode_tokens": int(arguments["num_decode_tokens"]),
                                   "sha256": {"inputs": _digest(
@@ -220,6 +225,9 @@ def install(recorder: Recorder, manager_module, gather_module) -> None:
 
     setattr(wrapper, _MARK, True)
     setattr(gather_module, MLA_WRAPPER, wrapper)
+    caller = sys.modules.get(MLA_CALLER)
+    if caller is not None and getattr(caller, MLA_WRAPPER, None) is original:
+        setattr(caller, MLA_WRAPPER, wrapper)
 
 
 _RECORDER: Recorder | None = None
