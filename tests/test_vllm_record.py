@@ -64,7 +64,7 @@ def wheel():
 
 def drawn_steps(count: int, pcp: int, seed: int = 5):
     """Random steps in the release's batch order on P ranks (a server's P is fixed), each
-    regime in turn."""
+    regime in turn, every other one padded to a CUDA-graph size."""
     rng = random.Random(seed)
     steps = []
     for n in range(count):
@@ -78,7 +78,9 @@ def drawn_steps(count: int, pcp: int, seed: int = 5):
             blocks = tuple(range(next_block, next_block + (ctx + q - 1) // span + 1))
             next_block += len(blocks)
             requests.append(Request(q, prefilling, ctx, blocks))
-        steps.append(Case(release_order(Batch(regime, pcp, tuple(requests), BLOCK)), MLA_TENSORS))
+        graph = sum(r.num_tokens for r in requests) + 2 if n % 2 else 0  # CUDA-graph padding
+        steps.append(Case(release_order(Batch(regime, pcp, tuple(requests), BLOCK,
+                                              graph_size=graph)), MLA_TENSORS))
     return steps
 
 
