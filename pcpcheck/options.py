@@ -158,6 +158,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.regimes = tuple(dict.fromkeys(args.regime))
     if not 0 < args.timeout < float("inf"):  # nan fails both comparisons
         raise UsageError(f"--timeout must be positive and finite (seconds), got {args.timeout}")
+    if args.command == "vllm" and args.steps:  # its findings are text: nothing else applies
+        given = [f"--{name.replace('_', '-')}" for name in ("json", "junit", "summary", "html",
+                                                            "baseline", "replay", "empty_steps")
+                 if getattr(args, name)]
+        if given:
+            raise UsageError(f"--steps takes none of {', '.join(given)}")
     if args.command == "vllm" and args.repro_dir and not args.steps:
         raise UsageError("--repro-dir applies to --steps (a drawn step's replay line is its "
                          "reproducer)")

@@ -84,6 +84,12 @@ def test_a_recorded_violation_is_shrunk_and_written_as_a_reproducer(tmp_path, ca
     runpy.run_path(str(path))[test.__name__]()  # the same step holds on 0.33.0
 
 
+def test_options_steps_does_not_honour_are_refused_not_ignored(tmp_path, capsys):
+    recording = write(tmp_path / "rank.jsonl", NEW_ERA)
+    assert main(["vllm", str(RELEASE_TREE), "--steps", recording, "--json", "x.json"]) == 2
+    assert "--steps takes none of --json" in capsys.readouterr().err
+
+
 def test_repro_dir_without_steps_is_refused(capsys):
     assert main(["vllm", str(RELEASE_TREE), "--repro-dir", "x"]) == 2
     assert "--repro-dir applies to --steps" in capsys.readouterr().err
