@@ -18,7 +18,7 @@ from pcpcheck.shared.case import Case
 from pcpcheck.shared.errors import SourceError
 from pcpcheck.vllm.recording import SCHEMA
 from pcpcheck.vllm.source import fetch_release
-from pcpcheck.vllm.steps import MISMATCH, OUTSIDE
+from pcpcheck.vllm.steps import DISAGREE, MISMATCH, OUTSIDE
 from pcpcheck_spec.names import COLLECTIVE
 
 RELEASE_TREE = Path(__file__).parent / "vllmlike" / "release"
@@ -125,6 +125,27 @@ def test_a_step_outside_the_layout_model_is_reported_not_dropped(tmp_path):
     result = check_steps(RELEASE_TREE, write(tmp_path / "rank.jsonl", records))
     assert [f.kind for f in result.findings] == [OUTSIDE] and result.judged == 0
     assert "D = 1 or D = P" in result.findings[0].text
+
+
+DRAFT_DECODE = [{"scheduled": 1, "computed": 2, "prefilling": False, "draft_tokens": 0,
+                 "first_block": 0, "block_ids": [[1]]}]
+
+
+def test_a_later_draft_step_with_dp_padding_replays_its_unexpanded_map(tmp_path):
+    records = [line(r, [18, -1], 1, kind="draft", dp_pad=1, requests=DRAFT_DECODE)
+               for r in range(2)]
+    assert check_steps(RELEASE_TREE, write(tmp_path / "a.jsonl", records)).findings == []
+    records[1] = line(1, [18, -1], 0, kind="draft", dp_pad=1, requests=DRAFT_DECODE)
+    result = check_steps(RELEASE_TREE, write(tmp_path / "b.jsonl", records))
+    assert [f.kind for f in result.findings] == [MISMATCH], result.text()
+
+
+def test_ranks_recording_different_steps_under_one_number_disagree(tmp_path):
+    records = [NEW_ERA[0], line(1, [18, -1], 1, requests=DRAFT_DECODE)]
+    result = check_steps(RELEASE_TREE, write(tmp_path / "rank.jsonl", records))
+    assert DISAGREE in [f.kind for f in result.findings], result.text()
+    assert f"{tmp_path / 'rank.jsonl'}:2 (rank 1) differ from {tmp_path / 'rank.jsonl'}:1" \
+        in result.text()
 
 
 MALFORMED = {
