@@ -141,7 +141,9 @@ def test_a_later_draft_step_with_dp_padding_replays_its_unexpanded_map(tmp_path)
 
 
 def test_ranks_recording_different_steps_under_one_number_disagree(tmp_path):
-    records = [NEW_ERA[0], line(1, [18, -1], 1, requests=DRAFT_DECODE)]
+    other = json.loads(json.dumps(NEW_ERA[1]))
+    other["requests"][0]["computed"] = 5  # the same shape, another step
+    records = [NEW_ERA[0], other]
     result = check_steps(RELEASE_TREE, write(tmp_path / "rank.jsonl", records))
     assert DISAGREE in [f.kind for f in result.findings], result.text()
     assert f"{tmp_path / 'rank.jsonl'}:2 (rank 1) differ from {tmp_path / 'rank.jsonl'}:1" \
