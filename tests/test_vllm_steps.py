@@ -67,6 +67,15 @@ def test_batch_order_step_is_collective_on_0_29_0(tmp_path):
     assert result.judged == 1 and result.exit_code == 1
 
 
+def test_a_violation_among_holding_steps_is_found_on_its_step_only(tmp_path):
+    decode = [{"scheduled": 1, "computed": 2, "prefilling": False, "draft_tokens": 0,
+               "first_block": 0, "block_ids": [[1]]}]
+    records = [line(r, [18, -1], 1, step=s, requests=decode) for s in (6, 8) for r in range(2)]
+    result = check_steps(wheel("0.29.0"), write(tmp_path / "rank.jsonl", records + OLD_ERA))
+    assert [(f.kind, f.step) for f in result.findings] == [(COLLECTIVE, 7)], result.text()
+    assert (result.steps, result.judged) == (3, 3)
+
+
 def test_a_recorded_violation_is_shrunk_and_written_as_a_reproducer(tmp_path, capsys,
                                                                      monkeypatch):
     old, new = str(wheel("0.29.0")), str(wheel("0.33.0"))

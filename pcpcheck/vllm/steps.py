@@ -202,8 +202,9 @@ def replay_steps(release: ReleaseInfo, steps: list[RecordedStep], backend, *,
                                     f"({step.where}) is outside the layout model: {exc}"))
             continue
         runnable.append((step, case))
-    for (step, _), observation in zip(runnable, run_release_cases(
-            [case for _, case in runnable], release, backend)):
+    # every step judged first: shrinking runs cases of its own on the same backend
+    observations = list(run_release_cases([case for _, case in runnable], release, backend))
+    for (step, _), observation in zip(runnable, observations):
         findings += mismatches(step, observation)
         if observation.violations:
             regime = observation.prepared.case.batch.regime
