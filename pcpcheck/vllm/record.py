@@ -21,7 +21,6 @@ import inspect
 import logging
 import os
 import sys
-import threading
 
 import numpy as np
 import torch
@@ -51,15 +50,9 @@ class Recorder:
         self.directory, self.every, self.max_steps = directory, every, max_steps
         self.block_size = block_size
         self.written, self.stopped, self.handles, self.counts = 0, False, {}, {}
-        self._local = threading.local()  # the step being recorded: one per rank's thread
-
-    @property
-    def pending(self) -> dict | None:
-        return getattr(self._local, "pending", None)
-
-    @pending.setter
-    def pending(self, step: dict | None) -> None:
-        self._local.pending = step
+        # The step being recorded, by PCP rank: the manager and the wrapper may run on different
+        # threads of a rank's process (asynchronous scheduling), so the key is the rank.
+        self.pending: dict[int, dict] = {}
 
     def safely(self, method, *args) -> None:
         """Run a recording method; its failure is logged once and ends the recording."""
@@ -71,7 +64,8 @@ class Recorder:
             self.stop(f"pcpcheck recorder stopped: {type(exc).__name__}: {exc}")
 
     def stop(self, why: str) -> None:
-        self.stopped, self.pending = True, None
+        self.stopped = True
+        self.pending.clear()
         logger.warning(why)
         for handle in self.handles.values():
             handle.close()
@@ -80,14 +74,14 @@ class Recorder:
 
     def on_layout(self, manager, arguments: dict) -> None:
         config = manager.__dict__.get(_MARK, {})
-        key = config.get("pcp_rank", 0)  # one manager per process: its steps, counted from 0
+        key = int(config.get("pcp_rank", 0))  # one manager per process: its steps, from 0
         step = self.counts[key] = self.counts.get(key, -1) + 1
-        self.pending = None
+        self.pending.pop(key, None)
         if step % self.every:
             return
         q = [int(v) for v in np.asarray(arguments["num_scheduled_tokens"]).tolist()]
-        self.pending = {
-            "step": step, "rank": int(config.get("pcp_rank", 0)),
+        self.pending[key] = {
+            "step": step, "rank": key,
             "pcp_size": int(config.get("pcp_world_size", 1)),
             "dcp_size": int(config.get("dcp_world_size", 1)),
             "dcp_rank": int(config.get("dcp_rank", 0)),
@@ -99,10 +93,10 @@ class Recorder:
             "prefilling": [bool(v) for v in np.asarray(arguments["is_prefilling"]).tolist()],
         }
 
-    def on_slot_maps(self, global_maps) -> None:
+    def on_slot_maps(self, manager, global_maps) -> None:
         """Each request's blocks per KV group, read back from the global slot maps: the block of
         each virtual block this step writes (None where this DCP rank owns no token of it)."""
-        step = self.pending
+        step = self.pending.get(int(manager.__dict__.get(_MARK, {}).get("pcp_rank", 0)))
         if step is None:
             return
         q = np.asarray(step["scheduled"], dtype=np.int64)
@@ -130,8 +124,8 @@ class Recorder:
                                                   counts.tolist(), bounds)]
         step["requests"] = requests
 
-    def on_gather(self, arguments: dict, result) -> None:
-        step, self.pending = self.pending, None  # the step's first MLA layer is its record
+    def on_gather(self, rank: int, arguments: dict, result) -> None:
+        step = self.pending.pop(rank, None)  # the step's first MLA layer is its record
         if step is None or "requests" not in step:
             return
         fields = {key: step[key] for key in ("step", "rank", "pcp_size", "dcp_size", "dcp_rank",
@@ -204,7 +198,7 @@ def install(recorder: Recorder, manager_module, gather_module) -> None:
         recorder.on_layout, self, _bound(sig, self, a, k)))
     _wrap_method(manager, "_convert_to_gathered_slot_mappings",
                  lambda self, sig, a, k, r: recorder.safely(
-                     recorder.on_slot_maps, _bound(sig, self, a, k).popitem()[1]))
+                     recorder.on_slot_maps, self, _bound(sig, self, a, k).popitem()[1]))
     original = getattr(gather_module, MLA_WRAPPER)
     if getattr(original, _MARK, False):
         return
@@ -219,7 +213,8 @@ def install(recorder: Recorder, manager_module, gather_module) -> None:
                 bound.apply_defaults()
                 if bound.arguments.get("use_pcp") and bound.arguments.get(
                         "num_decode_tokens") is not None:
-                    recorder.on_gather(dict(bound.arguments), result[:2])
+                    recorder.on_gather(_pcp_rank(gather_module), dict(bound.arguments),
+                                       result[:2])
             recorder.safely(record)
         return result
 
@@ -228,6 +223,13 @@ def install(recorder: Recorder, manager_module, gather_module) -> None:
     caller = sys.modules.get(MLA_CALLER)
     if caller is not None and getattr(caller, MLA_WRAPPER, None) is original:
         setattr(caller, MLA_WRAPPER, wrapper)
+
+
+def _pcp_rank(gather_module) -> int:
+    """The calling rank's PCP rank, from the group the release's gather uses (one rank per
+    process in vLLM: 0 when the module has no group to ask)."""
+    group_of = getattr(gather_module, "get_pcp_group", None)
+    return int(group_of().rank_in_group) if group_of is not None else 0
 
 
 _RECORDER: Recorder | None = None
