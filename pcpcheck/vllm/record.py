@@ -101,7 +101,8 @@ class Recorder:
             return
         q = np.asarray(step["scheduled"], dtype=np.int64)
         computed = np.asarray(step["computed"], dtype=np.int64)
-        maps = np.asarray(_plain(global_maps), dtype=np.int64).reshape(-1, int(q.sum()))
+        maps = np.asarray(_plain(global_maps), dtype=np.int64)
+        maps = maps.reshape(-1, maps.shape[-1])[:, :int(q.sum())]  # (groups, tokens), unpadded
         span = self.block_size * step["dcp_size"]
         first = computed // span
         counts = np.where(q > 0, (computed + q - 1) // span - first + 1, 0)
