@@ -3,7 +3,8 @@ from the wheel: found through pyproject.toml's `vllm.general_plugins` entry poin
 plugin loader (`vllm/plugins/__init__.py`, read from the wheel, `vllm.envs` stood in), it patches
 the release's manager and MLA wrapper; steps driven through them on every rank (threads, a
 barrier all_gather) are recorded, and `--steps` replays the recording to the same verdict and the
-same integers."""
+same integers; 0.29.0's batch-order step, whose collective fails, is on disk and replays
+COLLECTIVE."""
 
 from __future__ import annotations
 
@@ -30,14 +31,14 @@ from pcpcheck.vllm.step import rank_step
 from pcpcheck.vllm.steps import MLA_TENSORS
 from pcpcheck.vllm.verdict import release_order
 from pcpcheck.worker.rankctx import bound_group
-from pcpcheck_spec.names import DCP, REPLICATED, SHARDED, Batch, Request
+from pcpcheck_spec.names import COLLECTIVE, DCP, REPLICATED, SHARDED, Batch, Request
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = 16
 
 
 class BarrierGroup:
-    """A PCP group of threads: all_gather is the rank-major concatenation."""
+    """A PCP group of threads: all_gather is the rank-major concatenation of equal shapes."""
 
     def __init__(self, size: int):
         self.world_size, self.parts, self.barrier = size, [None] * size, threading.Barrier(size)
@@ -50,16 +51,19 @@ class BarrierGroup:
     def _all_gather(self, rank, tensor, dim):
         self.parts[rank] = tensor
         self.barrier.wait()
-        out = torch.cat(self.parts, dim=dim)
+        shapes = {tuple(part.shape) for part in self.parts}
+        out = torch.cat(self.parts, dim=dim) if len(shapes) == 1 else None
         self.barrier.wait()
+        if out is None:  # a real collective hangs or crashes here
+            raise RuntimeError(f"all_gather: shapes disagree across ranks: {sorted(shapes)}")
         return out
 
 
-def wheel():
+def wheel(version: str = "0.33.0"):
     try:
-        return fetch_release("0.33.0")
+        return fetch_release(version)
     except SourceError as exc:
-        pytest.fail(f"cannot fetch vllm==0.33.0: {exc}", pytrace=False)
+        pytest.fail(f"cannot fetch vllm=={version}: {exc}", pytrace=False)
 
 
 def drawn_steps(count: int, pcp: int, seed: int = 5):
@@ -105,17 +109,16 @@ def plugins_loader(monkeypatch):
     return module
 
 
-@pytest.mark.parametrize("pcp", (2, 3))
-def test_the_recording_of_0_33_0s_own_path_replays_to_the_same_verdict_and_integers(
-        tmp_path, monkeypatch, plugins_loader, pcp):
-    spec = resolve(str(wheel())).spec()
+def recorded_through(version, cases, tmp_path, monkeypatch, plugins_loader):
+    """Drive `cases` through the release's own path (rank_step on every rank, threads) with the
+    recorder loaded by vLLM's plugin loader; (spec, each case's integers per rank, the
+    recording's integers per step and rank)."""
+    spec = resolve(str(wheel(version))).spec()
     release = release_from_spec(spec)  # the objects rank_step below drives
     monkeypatch.setitem(sys.modules, record.MANAGER_MODULE,
                         types.SimpleNamespace(PCPManager=release.manager))
     monkeypatch.setitem(sys.modules, record.GATHER_MODULE, release.gather_module)
-    for name in ("PCPManager.__init__", "PCPManager._build_batch_layout",
-                 "PCPManager._convert_to_gathered_slot_mappings"):
-        attribute = name.split(".")[1]
+    for attribute in ("__init__", "_build_batch_layout", "_convert_to_gathered_slot_mappings"):
         monkeypatch.setattr(release.manager, attribute, getattr(release.manager, attribute))
     monkeypatch.setattr(release.gather_module, record.MLA_WRAPPER,
                         getattr(release.gather_module, record.MLA_WRAPPER))
@@ -129,38 +132,52 @@ def test_the_recording_of_0_33_0s_own_path_replays_to_the_same_verdict_and_integ
     assert getattr(wrapper, "__pcpcheck_recorder__", False)
     assert not getattr(wrapper.__wrapped__, "__pcpcheck_recorder__", False)  # wrapped once
 
-    computed = {}
-    for case in drawn_steps(9, pcp):
-        group = BarrierGroup(case.batch.pcp_size)
+    computed = []
+    for case in cases:
+        group, results = BarrierGroup(case.batch.pcp_size), {}
 
-        def run(rank, case=case, group=group):
+        def run(rank, case=case, group=group, results=results):
             with bound_group(group.rank(rank)):
-                report = rank_step(case.to_json(), spec, rank)
-            results[rank] = report
+                results[rank] = rank_step(case.to_json(), spec, rank)
 
-        results = {}
         threads = [threading.Thread(target=run, args=(r,)) for r in range(case.batch.pcp_size)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        assert all(results[r]["error"] is None and results[r]["layout_error"] is None
-                   for r in results), results
-        computed[case] = {r: (results[r]["slot_map"], results[r]["nd"]) for r in results}
-
-    lines = [json.loads(line) for path in sorted((tmp_path / "rec").glob("*.jsonl"))
-             for line in path.read_text().splitlines()]
+        assert all(results[r]["layout_error"] is None for r in results), results
+        computed.append({r: (results[r]["slot_map"], results[r]["nd"]) for r in results})
     recorded = {}
-    for line in lines:
-        recorded.setdefault(line["step"], {})[line["rank"]] = (
-            line["release"]["slot_mapping"], line["release"]["num_decode_tokens"])
-    steps = list(computed)
-    assert len(recorded) == len(steps)
+    for path in sorted((tmp_path / "rec").glob("*.jsonl")):
+        for line in map(json.loads, path.read_text().splitlines()):
+            recorded.setdefault(line["step"], {})[line["rank"]] = (
+                line["release"]["slot_mapping"], line["release"]["num_decode_tokens"])
     # each rank counts its own steps: step k of every rank is the k-th case driven
-    for case, (number, ranks) in zip(steps, sorted(recorded.items())):
-        assert ranks == computed[case], number
+    return spec, computed, [recorded[k] for k in sorted(recorded)]
+
+
+@pytest.mark.parametrize("pcp", (2, 3))
+def test_the_recording_of_0_33_0s_own_path_replays_to_the_same_verdict_and_integers(
+        tmp_path, monkeypatch, plugins_loader, pcp):
+    spec, computed, recorded = recorded_through("0.33.0", drawn_steps(9, pcp), tmp_path,
+                                                monkeypatch, plugins_loader)
+    assert recorded == computed
     result = check_steps(spec["location"], str(tmp_path / "rec"))
-    assert result.findings == [] and result.judged == len(steps), result.text()
+    assert result.findings == [] and result.judged == len(computed), result.text()
+
+
+def test_0_29_0s_batch_order_defect_is_recorded_before_its_collective_and_replays_collective(
+        tmp_path, monkeypatch, plugins_loader):
+    """The step whose ranks' all_gathers disagree (a live run hangs or crashes there)."""
+    step = Case(Batch(REPLICATED, 2, (Request(1, True, 4, (0,)), Request(1, False, 2, (1,))),
+                      BLOCK), MLA_TENSORS)
+    decode = Case(Batch(REPLICATED, 2, (Request(1, False, 2, (1,)),), BLOCK), MLA_TENSORS)
+    spec, computed, recorded = recorded_through("0.29.0", [decode, step, decode], tmp_path,
+                                                monkeypatch, plugins_loader)
+    assert recorded == computed and computed[1] == {0: ([4, 18, -1, -1], 0),
+                                                    1: ([4, 18, -1, -1], 1)}
+    result = check_steps(spec["location"], str(tmp_path / "rec"))
+    assert [(f.kind, f.step) for f in result.findings] == [(COLLECTIVE, 1)], result.text()
 
 
 class Manager:

@@ -7,7 +7,8 @@ once: the patches are installed once per class and function. It wraps the releas
 the PCP boundary: PCPManager's constructor (its parallel sizes and ranks), `_build_batch_layout`
 (the step as the model runner hands it), `_convert_to_gathered_slot_mappings` (the global slot
 maps, hence each request's blocks) and the MLA wrapper (the slot map and num_decode_tokens the
-gather gets, and the sha256 of its inputs and outputs). One line per rank and recorded step.
+gather gets, and the sha256 of its inputs). One line per rank and recorded step, written before
+the gather runs, so that a step whose collective hangs or crashes is on disk.
 Never an exception into vLLM: a recorder failure is logged once and recording stops.
 Runs inside vLLM: it imports nothing of pcpcheck's judge or driver.
 """
@@ -54,12 +55,12 @@ class Recorder:
         # threads of a rank's process (asynchronous scheduling), so the key is the rank.
         self.pending: dict[int, dict] = {}
 
-    def safely(self, method, *args) -> None:
-        """Run a recording method; its failure is logged once and ends the recording."""
+    def safely(self, hook) -> None:
+        """Run a recording hook; its failure is logged once and ends the recording."""
         if self.stopped:
             return
         try:
-            method(*args)
+            hook()
         except Exception as exc:  # noqa: BLE001 - never an exception into vLLM
             self.stop(f"pcpcheck recorder stopped: {type(exc).__name__}: {exc}")
 
@@ -125,7 +126,7 @@ class Recorder:
                                                   counts.tolist(), bounds)]
         step["requests"] = requests
 
-    def on_gather(self, rank: int, arguments: dict, result) -> None:
+    def on_gather(self, rank: int, arguments: dict) -> None:
         step = self.pending.pop(rank, None)  # the step's first MLA layer is its record
         if step is None or "requests" not in step:
             return
@@ -139,7 +140,7 @@ class Recorder:
                                   "num_decode_tokens": int(arguments["num_decode_tokens"]),
                                   "sha256": {"inputs": _digest(
                                       arguments["kv_c_normed"], arguments["k_pe"],
-                                      arguments["slot_mapping"]), "outputs": _digest(*result)}})
+                                      arguments["slot_mapping"])}})
         name = f"pcp{fields['rank']}-dcp{fields['dcp_rank']}-{os.getpid()}.jsonl"
         if name not in self.handles:
             os.makedirs(self.directory, exist_ok=True)
@@ -177,7 +178,7 @@ def _wrap_method(cls, name: str, after) -> None:
     @functools.wraps(original)
     def wrapper(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        after(self, signature, args, kwargs, result)
+        after(self, signature, args, kwargs)
         return result
 
     setattr(wrapper, _MARK, True)
@@ -193,31 +194,30 @@ def _bound(signature, self, args, kwargs) -> dict:
 def install(recorder: Recorder, manager_module, gather_module) -> None:
     """Wrap the release's manager and MLA wrapper (once: a second call changes nothing)."""
     manager = manager_module.PCPManager
-    _wrap_method(manager, "__init__", lambda self, sig, a, k, r: self.__dict__.__setitem__(
-        _MARK, _bound(sig, self, a, k)))
-    _wrap_method(manager, "_build_batch_layout", lambda self, sig, a, k, r: recorder.safely(
-        recorder.on_layout, self, _bound(sig, self, a, k)))
+    # Each hook binds its arguments inside `safely`: nothing it does can raise into vLLM.
+    _wrap_method(manager, "__init__", lambda self, sig, a, k: recorder.safely(
+        lambda: self.__dict__.__setitem__(_MARK, _bound(sig, self, a, k))))
+    _wrap_method(manager, "_build_batch_layout", lambda self, sig, a, k: recorder.safely(
+        lambda: recorder.on_layout(self, _bound(sig, self, a, k))))
     _wrap_method(manager, "_convert_to_gathered_slot_mappings",
-                 lambda self, sig, a, k, r: recorder.safely(
-                     recorder.on_slot_maps, self, _bound(sig, self, a, k).popitem()[1]))
+                 lambda self, sig, a, k: recorder.safely(
+                     lambda: recorder.on_slot_maps(self, _bound(sig, self, a, k).popitem()[1])))
     original = getattr(gather_module, MLA_WRAPPER)
     if getattr(original, _MARK, False):
         return
     signature = inspect.signature(original)
 
+    def record(args, kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        if bound.arguments.get("use_pcp") and bound.arguments.get("num_decode_tokens") is not None:
+            recorder.on_gather(_pcp_rank(gather_module), dict(bound.arguments))
+
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
-        result = original(*args, **kwargs)
-        if not recorder.stopped:
-            def record():
-                bound = signature.bind(*args, **kwargs)
-                bound.apply_defaults()
-                if bound.arguments.get("use_pcp") and bound.arguments.get(
-                        "num_decode_tokens") is not None:
-                    recorder.on_gather(_pcp_rank(gather_module), dict(bound.arguments),
-                                       result[:2])
-            recorder.safely(record)
-        return result
+        # before the gather runs: a step whose collective hangs or crashes is on disk
+        recorder.safely(lambda: record(args, kwargs))
+        return original(*args, **kwargs)
 
     setattr(wrapper, _MARK, True)
     setattr(gather_module, MLA_WRAPPER, wrapper)
