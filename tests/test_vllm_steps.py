@@ -159,6 +159,13 @@ def test_ranks_recording_different_steps_under_one_number_disagree(tmp_path):
         in result.text()
 
 
+def test_a_regime_the_release_cannot_reach_is_outside_with_its_reason(tmp_path):
+    records = [line(r, [4, 18, -1, -1], r, shard_decode_requests=True) for r in range(2)]
+    result = check_steps(wheel("0.29.0"), write(tmp_path / "rank.jsonl", records))
+    assert [f.kind for f in result.findings] == [OUTSIDE] and result.judged == 0, result.text()
+    assert "regime sharded: " in result.findings[0].text
+
+
 MALFORMED = {
     "truncated": lambda text: text[:len(text) // 2],
     "schema": lambda text: text.replace(SCHEMA, "pcpcheck.step/0"),
