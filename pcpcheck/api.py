@@ -368,6 +368,26 @@ def release_record(release) -> ReleaseRecord:
                          info["caps"]["era"], dict(info["caps"]))
 
 
+def check_steps(source, steps, *, timeout: float = 10.0, shrink: bool = True):
+    """Recorded steps of a live vLLM (a recording file or directory, docs/record.md) replayed
+    through a release's path (`pcpcheck vllm SOURCE --steps`): every invariant judged on each
+    step, and each rank's recorded slot map and num_decode_tokens compared with what the release
+    computes; a violated step shrunk (shrink=True). Returns a pcpcheck.vllm.steps.StepsResult.
+    Raises UsageError (a malformed line, naming FILE:LINE) before anything runs, and the errors
+    of check_release."""
+    from pcpcheck.vllm.source import resolve
+    from pcpcheck.vllm.steps import StepsResult, read_recording, recording_files, replay_steps
+    files = [str(f) for f in recording_files(steps)]
+    recorded = read_recording(steps)
+    spec = resolve(os.fspath(source)).spec()
+    with make_runner("threads", timeout=timeout, world_sizes=None, device="cpu") as backend:
+        release = load_release(backend, spec)
+        findings, judged = replay_steps(release, recorded, backend, shrink=shrink)
+    version = release.release["release"]
+    return StepsResult(f"vLLM {version} ({spec['location']})", spec["location"], version, files,
+                       len(recorded), judged, findings)
+
+
 # --- one case -----------------------------------------------------------------------------------
 
 def replay_case(target, case, *, function: str | None = None, backend: str = "threads",
@@ -473,7 +493,7 @@ def diff(old, new, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_MAX_E
     return DiffResult(version(), old_source, new_source, options, tuple(found))
 
 
-__all__ = ["check", "check_release", "diff", "replay", "replay_case", "replay_release",
-           "CheckResult", "Counterexample", "DiffResult", "RegimeDiff", "RegimeSummary",
-           "ReleaseRecord", "Options", "Verdict", "Progress", "UsageError", "LoadError",
+__all__ = ["check", "check_release", "check_steps", "diff", "replay", "replay_case",
+           "replay_release", "CheckResult", "Counterexample", "DiffResult", "RegimeDiff",
+           "RegimeSummary", "ReleaseRecord", "Options", "Verdict", "Progress", "UsageError", "LoadError",
            "SourceError", "InterfaceDrift", "CheckerError", "WorkerError", "version"]

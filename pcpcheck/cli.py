@@ -137,6 +137,16 @@ def run_vllm(args) -> int:
     from pcpcheck.outputs import check_outputs, write_outputs
     check_outputs(args)
     api.use_cache_dir()
+    if args.steps:
+        result = api.check_steps(args.source, args.steps, timeout=args.timeout)
+        print(result.text())
+        if args.repro_dir:
+            from pcpcheck.repro import write_release_reproducer
+            for finding in (f for f in result.findings if f.case):
+                print("reproducer: " + write_release_reproducer(
+                    args.repro_dir, result.source, result.release, finding.step, finding.kind,
+                    finding.case))
+        return result.exit_code
     if args.replay:
         result = api.replay_release(args.source, args.replay, timeout=args.timeout)
         print("\n".join(report.release_header(result.release, result.target_name, result.stand_ins)))

@@ -154,6 +154,11 @@ def _add_vllm(commands) -> None:
                            "runner never runs them)")
     vllm.add_argument("--replay", metavar="CASE_JSON", help="judge this one step")
     _add_exhaustive(vllm)
+    vllm.add_argument("--steps", metavar="DIR|FILE",
+                      help="replay steps recorded from a live vLLM (docs/record.md) and compare "
+                           "them with the release's own computation")
+    vllm.add_argument("--repro-dir", metavar="DIR",
+                      help="with --steps: write a standalone pytest reproducer per violated step")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -170,6 +175,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
         raise UsageError(f"--timeout must be positive and finite (seconds), got {args.timeout}")
     if args.command in ("check", "vllm") and args.replay and (args.exhaustive or args.scope):
         raise UsageError("--replay judges one case; --exhaustive and --scope search a scope")
+    if args.command == "vllm" and args.steps:  # its findings are text: nothing else applies
+        given = [f"--{name.replace('_', '-')}" for name in ("json", "junit", "summary", "html",
+                                                            "baseline", "replay", "empty_steps",
+                                                            "exhaustive", "scope")
+                 if getattr(args, name)]
+        if given:
+            raise UsageError(f"--steps takes none of {', '.join(given)}")
+    if args.command == "vllm" and args.repro_dir and not args.steps:
+        raise UsageError("--repro-dir applies to --steps (a drawn step's replay line is its "
+                         "reproducer)")
     if args.command in ("check", "vllm") and args.replay:  # malformed: exit 2 before anything starts
         from pcpcheck.api import read_case
         try:

@@ -69,3 +69,47 @@ def write_reproducers(directory: str, result) -> list[str]:
     """One reproducer per counterexample of a CheckResult."""
     return [write_reproducer(directory, result.target, c.regime, c.invariant, c.case,
                              result.options.function) for c in result.counterexamples]
+
+
+_RELEASE_TEMPLATE = '''"""pcpcheck reproducer: {invariant} violated by a recorded step of {release}.
+
+{summary}
+
+Replays the shrunk step through the release's own PCP path on every rank and fails while the
+bug is there:
+    python -m pytest {filename}
+or against another release (a version, a wheel or a checkout):
+    {variable}=0.33.0 python -m pytest {filename}
+Needs only pcpcheck installed (the release's wheel is fetched into pcpcheck's cache).
+"""
+
+import os
+
+from pcpcheck.api import replay_release
+
+SOURCE = os.environ.get({variable!r}) or {source!r}
+CASE = {case!r}
+
+
+def test_{test_name}():
+    result = replay_release(SOURCE, CASE)
+    assert result.holds, result.counterexamples[0].report
+'''
+
+
+def write_release_reproducer(directory: str, source: str, release: str, step: int,
+                             invariant: str, case_json: str) -> str:
+    """Write the reproducer of a recorded step's (shrunk) violation; return its path."""
+    os.makedirs(directory, exist_ok=True)
+    test_name = re.sub(r"\W+", "_", f"{invariant}_step_{step}").lower()
+    stem = re.sub(r"\W+", "_", release)
+    release = f"vLLM {release}"
+    filename = f"test_repro_vllm_{stem}_{test_name}.py"
+    text = _RELEASE_TEMPLATE.format(invariant=invariant, release=release, filename=filename,
+                                    summary=f"Step: {describe(Case.from_json(case_json))}",
+                                    variable=TARGET_VARIABLE, source=reproducer_target(source),
+                                    case=case_json, test_name=test_name)
+    path = os.path.join(directory, filename)
+    with open(path, "w") as handle:
+        handle.write(text)
+    return path

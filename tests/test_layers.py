@@ -24,16 +24,16 @@ LAYERS = {
                "pcpcheck.summary", "pcpcheck.repro"),
     "api": ("pcpcheck.api", "pcpcheck.assemble"),
     "search": ("pcpcheck.engine", "pcpcheck.minimize", "pcpcheck.exhaustive", "pcpcheck.jobs",
-               "pcpcheck.vllm.verdict"),
+               "pcpcheck.vllm.verdict", "pcpcheck.vllm.steps"),
     "text": ("pcpcheck.report",),
     "judge": ("pcpcheck.judge", "pcpcheck.coverage", "pcpcheck.compare", "pcpcheck.vllm.judge", "pcpcheck.baseline"),
     "cases": ("pcpcheck.cases", "pcpcheck.reduce", "pcpcheck.scope"),
     "results": ("pcpcheck.results",),
     "transport": ("pcpcheck.backends", "pcpcheck.backends.*"),
     "worker": ("pcpcheck.worker", "pcpcheck.worker.*", "pcpcheck.vllm.release",
-               "pcpcheck.vllm.step"),
+               "pcpcheck.vllm.step", "pcpcheck.vllm.record"),  # record: runs inside vLLM
     "shared": ("pcpcheck.shared", "pcpcheck.shared.*", "pcpcheck.vllm", "pcpcheck.vllm.source",
-               "pcpcheck.vllm.inputs"),
+               "pcpcheck.vllm.inputs", "pcpcheck.vllm.recording"),
     "names": ("pcpcheck_spec", "pcpcheck_spec.names"),  # the vocabulary every statement shares
     "spec": ("pcpcheck_spec", "pcpcheck_spec.*"),  # the judge's predicates, registry and model
     "reference": ("pcpcheck_reference", "pcpcheck_reference.*"),
