@@ -27,7 +27,7 @@ from pcpcheck.engine import RegimeResult, Replays, search
 from pcpcheck.jobs import budget_share, search_in_parallel
 from pcpcheck.results import (DEFAULT_MAX_EXAMPLES, DEFAULT_RELEASE_EXAMPLES, CheckResult,
                               Counterexample, DiffResult, Options, RegimeDiff, RegimeSummary,
-                              ReleaseRecord, Verdict, version)
+                              PathStage, ReleaseRecord, Verdict, version)
 from pcpcheck.shared.case import Case
 from pcpcheck.shared.errors import (CheckerError, InterfaceDrift, LoadError, SourceError,
                                     UsageError, WorkerError)
@@ -327,7 +327,8 @@ def release_record(release) -> ReleaseRecord:
     info = release.release
     return ReleaseRecord(info["release"], info["source"]["kind"], info["source"]["location"],
                          tuple(info["files"].items()), tuple(info["adapted"]),
-                         info["caps"]["era"], dict(info["caps"]))
+                         info["caps"]["era"], dict(info["caps"]),
+                         tuple(PathStage(**stage) for stage in info.get("paths") or ()))
 
 
 # --- one case -----------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ def summary(result) -> RegimeSummary:
                                for i in IDS if i in result.checked),
                          result.budget_reached, result.not_applicable or None,
                          round(result.slowest_call, 4),
-                         round(result.call_seconds / result.cases, 4) if result.cases else 0.0)
+                         round(result.call_seconds / result.cases, 4) if result.cases else 0.0,
+                         tuple(sorted(result.real_stages.items())))
 
 
 def result(source: str, target, options: Options, results, baseline: Baseline,

@@ -107,6 +107,7 @@ class RegimeResult:
     budget_reached: bool = False  # the deadline stopped the search early
     slowest_call: float = 0.0  # seconds of the slowest rank's call of any case
     call_seconds: float = 0.0  # the slowest rank's call of each case, summed (mean: / cases)
+    real_stages: Counter = field(default_factory=Counter)  # a release's stage -> steps it ran
 
 
 MIN_CASES = 10  # hypothesis' least test calls before it stops looking for more bugs
@@ -231,6 +232,7 @@ class _Search:
         result.call_seconds += call
         result.checked.update(observation.checked)
         result.violated.update(v.invariant for v in observation.violations)
+        result.real_stages.update(getattr(observation, "real_stages", ()))
         if self.on_case is not None:
             self.on_case(result)
         if not observation.violations:

@@ -62,6 +62,7 @@ class RegimeSummary:
     not_applicable: str | None = None  # why the target cannot reach this regime (nothing drawn)
     slowest_call: float = 0.0  # seconds of the slowest rank's call of any case
     mean_call: float = 0.0  # the slowest rank's call per case, on average
+    real_stages: tuple[tuple[str, int], ...] = ()  # `pcpcheck vllm`: stage -> steps run by the release's code
 
     @property
     def checked(self) -> dict[str, int]:
@@ -113,6 +114,18 @@ class BaselineOutcome:
 
 
 @dataclass(frozen=True)
+class PathStage:
+    """One stage of a release's PCP KV path: `real` (its `file`, with `sha256`, runs; `reason`
+    says where it does not reach) or `modeled` (pcpcheck's restatement; `reason` says why)."""
+
+    stage: str
+    status: str  # real | modeled
+    file: str | None
+    sha256: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
 class ReleaseRecord:
     """What `check_release` checked: a vLLM release's files, as its worker read them."""
 
@@ -123,6 +136,7 @@ class ReleaseRecord:
     adapted: tuple[str, ...]  # working stand-ins given and how pcpcheck adapted to the release
     layout_model: str  # the reference layout era that judged it (reference.ERAS)
     capabilities: dict = field(default_factory=dict)  # read from its code (vllm.release.Capabilities)
+    paths: tuple[PathStage, ...] = ()  # the path table, stage by stage
 
 
 @dataclass(frozen=True)
@@ -207,6 +221,7 @@ class CheckResult:
                 "cases": s.cases, "seconds": s.seconds, "check_seconds": s.check_seconds,
                 "budget_reached": s.budget_reached, "not_applicable": s.not_applicable,
                 "slowest_call": s.slowest_call, "mean_call": s.mean_call,
+                "real_stages": dict(s.real_stages),
                 "invariants": {c.invariant: {"checked": c.checked, "violated": c.violated}
                                for c in s.invariants}} for s in self.regimes},
             "counterexamples": [{
@@ -244,7 +259,8 @@ class CheckResult:
                 regime, r["cases"], r["seconds"], r["check_seconds"],
                 tuple(InvariantCount(i, c["checked"], c["violated"])
                       for i, c in r["invariants"].items()), r["budget_reached"],
-                r.get("not_applicable"), r.get("slowest_call", 0.0), r.get("mean_call", 0.0))
+                r.get("not_applicable"), r.get("slowest_call", 0.0), r.get("mean_call", 0.0),
+                tuple(r.get("real_stages", {}).items()))
                 for regime, r in data["regimes"].items()),
             counterexamples=tuple(Counterexample(
                 regime=c["regime"],
@@ -263,7 +279,8 @@ class CheckResult:
             release=None if data.get("release") is None else ReleaseRecord(**{
                 **data["release"], "files": tuple(data["release"]["files"].items()),
                 "adapted": tuple(data["release"]["adapted"]),
-                "capabilities": data["release"].get("capabilities", {})}))
+                "capabilities": data["release"].get("capabilities", {}),
+                "paths": tuple(PathStage(**stage) for stage in data["release"].get("paths", ()))}))
 
 
 @dataclass(frozen=True)

@@ -4,21 +4,32 @@ manager must build from it (pcpcheck.vllm.judge)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 import pcpcheck_reference as reference
-from pcpcheck_spec.names import PAD_SLOT_ID, Batch
+from pcpcheck_spec.names import Batch
 
-# The second KV-cache group's map: the first group's slots moved by this many (a second block
-# table), so the 2-D path of `_convert_to_gathered_slot_mappings` is exercised per row.
-SECOND_GROUP_OFFSET = 1 << 20
+# The second KV-cache group's block table: the first group's block ids moved by this many, so
+# the 2-D path of `_convert_to_gathered_slot_mappings` (and of the slot kernel's grid) is
+# exercised per group.
+SECOND_GROUP_BLOCKS = 1 << 16
+
+
+def group_blocks(batch: Batch) -> list[tuple[tuple[int, ...], ...]]:
+    """Per request, its block table in each of the two KV-cache groups."""
+    return [(r.blocks, tuple(b + SECOND_GROUP_BLOCKS for b in r.blocks)) for r in batch.requests]
 
 
 def global_maps(batch: Batch, dcp_rank: int) -> np.ndarray:
-    """(2, N) global slot maps of two KV-cache groups as DCP rank `dcp_rank` computes them."""
-    first = reference.global_slots(batch, dcp_rank)
-    second = np.where(first >= 0, first + SECOND_GROUP_OFFSET, PAD_SLOT_ID)
-    return np.stack((first, second))
+    """(2, N) global slot maps of the two KV-cache groups as DCP rank `dcp_rank` computes them
+    (semantics section 3, per group's block table)."""
+    second = dataclasses.replace(batch, requests=tuple(
+        dataclasses.replace(r, blocks=tables[1])
+        for r, tables in zip(batch.requests, group_blocks(batch))))
+    return np.stack((reference.global_slots(batch, dcp_rank),
+                     reference.global_slots(second, dcp_rank)))
 
 
 def step_arrays(batch: Batch):
@@ -30,3 +41,9 @@ def step_arrays(batch: Batch):
     starts = np.zeros(len(q) + 1, dtype=np.int32)
     np.cumsum(q, out=starts[1:])
     return q, computed, prefilling, starts
+
+
+def positions(batch: Batch) -> np.ndarray:
+    """Each token's sequence position, in batch order (its request's context, then onwards)."""
+    return np.array([r.context_len + k for r in batch.requests for k in range(r.num_tokens)],
+                    dtype=np.int64)

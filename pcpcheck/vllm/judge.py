@@ -12,7 +12,8 @@ import numpy as np
 import pcpcheck_reference as reference
 from pcpcheck.judge import Observation, Prepared, RankView, Violation, judge, observe
 from pcpcheck.shared.case import Case, row_content
-from pcpcheck.shared.messages import Capabilities, ReleaseInfo, ReleaseStep
+from pcpcheck.shared.messages import (GATHER_STAGE, MANAGER_STAGE, SLOT_MAPPING, WRAPPER,
+                                      Capabilities, ReleaseInfo, ReleaseStep)
 from pcpcheck.vllm.inputs import global_maps
 from pcpcheck_spec.names import DCP, DRAFT_REGIMES, LAYOUT, RETURNS, SHARDED, Batch
 from pcpcheck_spec.registry import BY_ID
@@ -22,6 +23,7 @@ from pcpcheck_spec.registry import BY_ID
 class ReleaseObservation(Observation):
     layout_diffs: dict[int, list[str]] = field(default_factory=dict)  # manager rank -> lines
     entry: str = ""  # which release function the ranks called
+    real_stages: tuple[str, ...] = ()  # the path's stages that ran the release's code on this step
 
 
 def _prepared(case: Case, steps: list, fallback) -> Prepared:
@@ -121,7 +123,25 @@ def judge_release_case(case: Case, results, release: ReleaseInfo) -> ReleaseObse
             if layout_bad:
                 violations.insert(0, Violation(LAYOUT, layout_bad))
     entry = next((s["entry"] for s in steps if s), "")
-    return ReleaseObservation(prepared, views, violations, checked, layout_diffs=diffs, entry=entry)
+    return ReleaseObservation(prepared, views, violations, checked, layout_diffs=diffs, entry=entry,
+                              real_stages=_real_stages(steps, expanded, entry, release))
+
+
+def _real_stages(steps: list, expanded: bool, entry: str, release: ReleaseInfo) -> tuple:
+    """The stages whose release code ran on this step (as its ranks report)."""
+    reported = [s for s in steps if s is not None]
+    if not reported:
+        return ()
+    stages = []
+    if expanded:
+        stages.append(MANAGER_STAGE)
+        if all(s.get("kernels") is True for s in reported):
+            stages.append(SLOT_MAPPING)
+    if entry and entry != release.function_name:
+        stages.append(WRAPPER)
+    if entry:
+        stages.append(GATHER_STAGE)
+    return tuple(stages)
 
 
 def capabilities(release: ReleaseInfo) -> Capabilities:

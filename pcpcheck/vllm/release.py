@@ -24,8 +24,11 @@ import numpy as np
 import torch
 
 from pcpcheck.shared.errors import InterfaceDrift, LoadError
-from pcpcheck.shared.messages import Capabilities
-from pcpcheck.vllm.inputs import global_maps, step_arrays
+from pcpcheck.shared.messages import (BATCH_ORDER, CACHE_WRITE, GATHER_STAGE, MANAGER_STAGE,
+                                      SLOT_MAPPING, SPLIT, WRAPPER, Capabilities)
+from pcpcheck.vllm.inputs import global_maps, positions, step_arrays
+from pcpcheck.vllm.kernels import (BLOCK_TABLE, KERNEL_PROGRAMS, BlockTablesPath,
+                                   load_block_tables, through_kernels)
 from pcpcheck.vllm.source import GATHERS, MANAGER, Source, from_spec, resolve
 from pcpcheck.worker.loader import _make_target, exec_source
 from pcpcheck.worker.standins import StandInSpace
@@ -74,8 +77,10 @@ def _host_to_device(data, *args, device=None, dtype=None, out=None, **kwargs):
 
 
 def _annotated(name: str) -> type:
-    """A real class for a type the manager file annotates with (annotations are evaluated)."""
-    return type(name, (), {"__module__": "pcpcheck.vllm.standin"})
+    """A real class for a type the manager file annotates with (annotations are evaluated);
+    constructed with any arguments (the manager builds InputBuffers when given its sizes)."""
+    return type(name, (), {"__module__": "pcpcheck.vllm.standin",
+                           "__init__": lambda self, *args, **kwargs: None})
 
 
 STAND_INS = {
@@ -102,6 +107,8 @@ class Release:
     caps: Capabilities
     stand_ins: list[str]  # vllm names stood in for (inert)
     adapted: list[str]  # working stand-ins provided, and how pcpcheck adapted to the release
+    kernels: BlockTablesPath  # the release's BlockTables, or why slot maps stay modeled
+    paths: list[dict] | None = None  # the path table (path_table): which stage runs the release's code
 
     @property
     def name(self) -> str:
@@ -251,9 +258,60 @@ def load_release(source: Source | str) -> Release:
         adapted.append("no PCPManager.replicated_requests: judged by the 0.26 layout model")
     if not caps.graph_padding:
         adapted.append("_build_batch_layout has no padded_num_tokens: no graph padding drawn")
-    release = Release(source, manager, gather_module, gather, caps, space.names, adapted)
+    kernels = _block_tables(source, manager, adapted)
+    release = Release(source, manager, gather_module, gather, caps, space.names, adapted, kernels)
     _probe(release)
+    release.paths = path_table(source, gather_path, kernels, bool(wrappers))
     return release
+
+
+def _block_tables(source: Source, manager, adapted: list[str]) -> BlockTablesPath:
+    """The release's BlockTables feeding its manager's own prepare_slot_mappings, where the
+    manager takes them; else the slot maps stay the reference formula's, and the reason says so."""
+    kernels = load_block_tables(source)
+    if not kernels.real:
+        return kernels
+    init = _params(manager.__init__)
+    missing = [p for p in ("block_tables", "max_num_reqs", "max_num_tokens") if p not in init]
+    if missing or not hasattr(manager, "prepare_slot_mappings"):
+        why = (f"its PCPManager.__init__ has no {missing[0]!r}" if missing
+               else "its PCPManager has no prepare_slot_mappings")
+        return BlockTablesPath(None, f"{why}: the block tables cannot feed it")
+    adapted += kernels.adapted
+    adapted.append("PCPManager.partition_batch not run: prepare_slot_mappings reads the global "
+                   "batch's idx_mapping, query_start_loc, positions and num_tokens as given")
+    return kernels
+
+
+def path_table(source: Source, gather_path: str, kernels: BlockTablesPath,
+               has_wrappers: bool) -> list[dict]:
+    """Per stage: `real` (the release's file and its sha256 run it; `reason` says where it does
+    not reach) or `modeled` (pcpcheck's restatement; `reason` says why)."""
+    def real(stage, relpath, scope=""):
+        return {"stage": stage, "status": "real", "file": relpath,
+                "sha256": source.hashes.get(relpath, ""), "reason": scope}
+
+    def modeled(stage, reason):
+        return {"stage": stage, "status": "modeled", "file": None, "sha256": None,
+                "reason": reason}
+
+    expanded_only = "expanded regimes; draft steps take the reference's unexpanded map"
+    kernel_scope = (f"{expanded_only}; steps of at most {KERNEL_PROGRAMS} slot-kernel programs, "
+                    "larger ones take the reference formula")
+    return [
+        modeled(BATCH_ORDER, "0.33's sort key (pcpcheck.vllm.verdict.release_order), not the "
+                             "release's sort_batch_req_ids"),
+        real(SLOT_MAPPING, BLOCK_TABLE, kernel_scope) if kernels.real else modeled(
+            SLOT_MAPPING, f"{kernels.reason}: the reference formula (semantics section 3)"),
+        real(MANAGER_STAGE, MANAGER, expanded_only),
+        modeled(SPLIT, "the rank's leading decode rows (pcpcheck's rule), not the release's "
+                       "split_decodes_and_prefills"),
+        real(WRAPPER, gather_path) if has_wrappers else modeled(
+            WRAPPER, f"not reached: {gather_path} has no wrapper, cases call the gather"),
+        real(GATHER_STAGE, gather_path),
+        modeled(CACHE_WRITE, "a C op (concat_and_cache_mla), not run on CPU: the kernel rule of "
+                             "semantics section 4 (spec.model.write)"),
+    ]
 
 
 def _probe(release: Release) -> None:
@@ -282,14 +340,26 @@ def _leading_decodes(rows_of_requests: list[tuple[int, int]], prefilling) -> int
     return total
 
 
+def kernel_step(release, batch: Batch) -> bool:
+    """Whether this step's slot maps come from the release's own kernels."""
+    return release.kernels.real and through_kernels(batch, reference.dcp_size(batch))
+
+
 def make_manager(release, batch: Batch, rank: int):
-    """Rank `rank`'s PCPManager for the step's regime, on CPU."""
+    """Rank `rank`'s PCPManager for the step's regime, on CPU, with the release's own block
+    tables for the step where they run (kernel_step)."""
+    dcp_size, dcp_rank = reference.dcp_size(batch), rank if batch.regime == DCP else 0
     kwargs = dict(pcp_world_size=batch.pcp_size, pcp_rank=rank, device=torch.device("cpu"),
-                  dcp_world_size=reference.dcp_size(batch), dcp_rank=rank if batch.regime == DCP else 0)
+                  dcp_world_size=dcp_size, dcp_rank=dcp_rank)
     if "cp_interleave" in release.manager_params:
         kwargs["cp_interleave"] = batch.interleave
     if release.caps.manager_shards:
         kwargs["shard_decode_requests"] = batch.regime == SHARDED
+    if kernel_step(release, batch):
+        max_tokens = max(sum(r.num_tokens for r in batch.requests), batch.graph_size, 1)
+        kwargs.update(max_num_reqs=max(len(batch.requests), 1), max_num_tokens=max_tokens,
+                      block_tables=release.kernels.for_step(batch, dcp_size, dcp_rank,
+                                                            max_tokens))
     return release.manager(**kwargs)
 
 
@@ -319,8 +389,15 @@ def manager_view(release, batch: Batch, rank: int) -> dict:
     }
     if release.caps.replicated_method:
         view["replicated"] = [bool(v) for v in manager.replicated_requests(q, prefilling)]
-    maps = torch.from_numpy(global_maps(batch, rank if batch.regime == DCP else 0))
-    expanded = manager._convert_to_gathered_slot_mappings(maps)
+    if kernel_step(release, batch):  # the release's kernels compute the global maps
+        manager._global_batch = SimpleNamespace(
+            idx_mapping=torch.arange(len(q), dtype=torch.int32),
+            query_start_loc=torch.from_numpy(starts.astype(np.int32)),
+            positions=torch.from_numpy(positions(batch)), num_tokens=int(starts[-1]))
+        expanded = manager.prepare_slot_mappings()
+    else:  # the reference formula's global maps (semantics section 3)
+        maps = torch.from_numpy(global_maps(batch, rank if batch.regime == DCP else 0))
+        expanded = manager._convert_to_gathered_slot_mappings(maps)
     view["expanded"] = [[int(v) for v in row] for row in _plain(expanded)]
     return view
 

@@ -22,8 +22,8 @@ import torch
 
 import pcpcheck_reference as reference
 from pcpcheck.shared.case import Case, as_tensor, pad_label, row_content
-from pcpcheck.vllm.release import (INDEXER_WRAPPER, MLA_WRAPPER, Release, manager_view,
-                                   release_from_spec)
+from pcpcheck.vllm.release import (INDEXER_WRAPPER, MLA_WRAPPER, Release, kernel_step,
+                                   manager_view, release_from_spec)
 from pcpcheck.worker.runner import CollectiveAborted, RankOutcome
 from pcpcheck_spec.names import DRAFT_REGIMES, SHARDED
 
@@ -74,7 +74,8 @@ def rank_step(case_json: str, source_spec: dict, rank: int) -> dict:
     case = Case.from_json(case_json)
     release = release_from_spec(source_spec)
     report = {"layout_error": None, "error": None, "error_detail": None, "value": None,
-              "inputs": None, "entry": _entry_name(release, len(case.tensors))}
+              "inputs": None, "entry": _entry_name(release, len(case.tensors)),
+              "kernels": case.batch.regime not in DRAFT_REGIMES and kernel_step(release, case.batch)}
     try:
         report.update(rank_inputs(case, release, rank))
     except Exception as exc:  # noqa: BLE001 - the release's manager failed on a well-formed step
