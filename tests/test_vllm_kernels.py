@@ -74,16 +74,16 @@ def checkout(wheel: Path, root: Path, change: tuple[str, str] | None = None) -> 
 @pytest.mark.parametrize("change", [OWNERSHIP, LOCAL_OFFSET], ids=["ownership", "local-offset"])
 def test_an_off_by_one_in_the_slot_kernel_is_found(wheel, tmp_path, change):
     """The manager's own prepare_slot_mappings runs the (changed) kernel: the expanded slot map
-    it builds differs from the reference's (LAYOUT, the manager's `expanded` field), and the
-    caches then miss what the rank owns."""
+    it builds differs from the reference's (LAYOUT, the manager's `expanded` field). The caches
+    need not show it too: the shrunk step's first KV group may land right by accident (a local
+    offset one past a request's last block reads a zero table entry), its second does not."""
     _require_triton()
     root = checkout(wheel, tmp_path / "checkout", change)
     result = check_release(root, regimes=(DCP,), max_examples=40, max_ranks=2)
     assert result.counterexamples and result.counterexamples[0].invariant == LAYOUT, \
         result.verdicts()
     report = result.counterexamples[0].report
-    assert "expanded" in report and "SHARD" in {v.invariant for v in
-                                                result.counterexamples[0].violations}, report
+    assert "expanded           reference" in report, report
     stage = next(p for p in result.release.paths if p.stage == SLOT_MAPPING)
     digest = hashlib.sha256((root / BLOCK_TABLE).read_bytes()).hexdigest()
     assert (stage.status, stage.file, stage.sha256) == ("real", BLOCK_TABLE, digest)

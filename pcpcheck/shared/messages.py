@@ -29,13 +29,14 @@ NOT_STARTED, RUNNING, WAITING, FINISHED = 0, 1, 2, 3
 # JSON (pcpcheck.vllm.source.Source.spec); the worker loads the release and runs
 # pcpcheck.vllm.step.rank_step on every rank.
 RELEASE = "<vllm release>"
-# What a worker sends back of a release's rank step, as plain data (tensors travel as bytes).
 # The stages of a release's PCP KV path, in order (semantics section 10): the path table names
 # each real (the release's file runs it) or modeled (pcpcheck's restatement).
 BATCH_ORDER, SLOT_MAPPING, MANAGER_STAGE, SPLIT, WRAPPER, GATHER_STAGE, CACHE_WRITE = STAGES = (
     "batch order", "block tables / slot mapping", "manager", "decode/prefill split", "wrapper",
     "gather", "cache write")
-STEP_FIELDS = ("layout", "tokens", "slot_map", "nd", "shard", "entry", "layout_error", "kernels")
+# What a worker sends back of a release's rank step, as plain data (tensors travel as bytes).
+STEP_FIELDS = ("layout", "tokens", "slot_map", "nd", "shard", "entry", "layout_error", "kernels",
+               "order", "split")
 
 
 @dataclass(frozen=True)

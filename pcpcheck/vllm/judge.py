@@ -5,6 +5,7 @@ worker)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,8 +13,8 @@ import numpy as np
 import pcpcheck_reference as reference
 from pcpcheck.judge import Observation, Prepared, RankView, Violation, judge, observe
 from pcpcheck.shared.case import Case, row_content
-from pcpcheck.shared.messages import (GATHER_STAGE, MANAGER_STAGE, SLOT_MAPPING, WRAPPER,
-                                      Capabilities, ReleaseInfo, ReleaseStep)
+from pcpcheck.shared.messages import (BATCH_ORDER, GATHER_STAGE, MANAGER_STAGE, SLOT_MAPPING,
+                                      SPLIT, WRAPPER, Capabilities, ReleaseInfo, ReleaseStep)
 from pcpcheck.vllm.inputs import global_maps
 from pcpcheck_spec.names import DCP, DRAFT_REGIMES, LAYOUT, RETURNS, SHARDED, Batch
 from pcpcheck_spec.registry import BY_ID
@@ -88,8 +89,9 @@ def run_release_cases(cases, release: ReleaseInfo, backend):
 def judge_release_case(case: Case, results, release: ReleaseInfo) -> ReleaseObservation:
     """One step's ranks' reports judged: LAYOUT against the reference of the release's era,
     then every gather invariant."""
-    batch = case.batch
     steps = [_step(result) for result in results]
+    case, ordered = _in_release_order(case, steps)
+    batch = case.batch
     expanded = batch.regime not in DRAFT_REGIMES
     caps = capabilities(release)
     prepared = _prepared(case, [s if s and not s.get("layout_error") else None for s in steps],
@@ -124,19 +126,35 @@ def judge_release_case(case: Case, results, release: ReleaseInfo) -> ReleaseObse
                 violations.insert(0, Violation(LAYOUT, layout_bad))
     entry = next((s["entry"] for s in steps if s), "")
     return ReleaseObservation(prepared, views, violations, checked, layout_diffs=diffs, entry=entry,
-                              real_stages=_real_stages(steps, expanded, entry, release))
+                              real_stages=_real_stages(steps, expanded, entry, release, ordered))
 
 
-def _real_stages(steps: list, expanded: bool, entry: str, release: ReleaseInfo) -> tuple:
+def _in_release_order(case: Case, steps: list) -> tuple[Case, bool]:
+    """The step as the release's own sort ordered it (the order its ranks report; every rank
+    runs the same sort on the same step), and whether one was reported. An order that is not a
+    permutation of the requests is not trusted: the step stays as drawn."""
+    order = next((s.get("order") for s in steps if s is not None and s.get("order") is not None),
+                 None)
+    requests = case.batch.requests
+    if not isinstance(order, list) or sorted(order) != list(range(len(requests))):
+        return case, False
+    batch = dataclasses.replace(case.batch, requests=tuple(requests[i] for i in order))
+    return dataclasses.replace(case, batch=batch), True
+
+
+def _real_stages(steps: list, expanded: bool, entry: str, release: ReleaseInfo,
+                 ordered: bool) -> tuple:
     """The stages whose release code ran on this step (as its ranks report)."""
     reported = [s for s in steps if s is not None]
     if not reported:
         return ()
-    stages = []
+    stages = [BATCH_ORDER] if ordered else []
     if expanded:
         stages.append(MANAGER_STAGE)
         if all(s.get("kernels") is True for s in reported):
             stages.append(SLOT_MAPPING)
+        if all(s.get("split") is True for s in reported):
+            stages.append(SPLIT)
     if entry and entry != release.function_name:
         stages.append(WRAPPER)
     if entry:

@@ -38,17 +38,21 @@ BUFFER_UTILS = "vllm/v1/worker/gpu/buffer_utils.py"
 NO_TRITON = "triton is not installed (pip install 'pcpcheck[kernels]')"
 MASK_CAST = ("triton interpreter: int8 masks (from `~sharded | is_local` over bool tensors) cast "
              "to bool in its masked load/store")
+ROW_SLACK = 8  # block-table entries past the longest request's blocks (zeros)
 CACHE_SIZE = 512  # filled BlockTables kept per worker process, by their exact step inputs
 # The interpreter runs a kernel's programs one by one (milliseconds each): a step goes through
-# the release's kernels when its slot-kernel programs (per distinct rank, one per request plus
-# the padding one) number at most this many; larger steps take the reference formula, and the
-# report counts both. A step's path depends only on the step, so replays and shrinking agree.
-KERNEL_PROGRAMS = 16
+# the release's kernels when it has at most KERNEL_REQUESTS requests and its slot-kernel
+# programs over its distinct ranks (D ranks, each one per request plus the padding one) number
+# at most KERNEL_PROGRAMS; larger steps take the reference formula, and the report counts both.
+# A step's path depends only on the step, so replays and shrinking agree; shrunk steps are small.
+KERNEL_REQUESTS = 2
+KERNEL_PROGRAMS = 8
 
 
 def through_kernels(batch: Batch, dcp_size: int) -> bool:
     """Whether this step's slot maps come from the release's kernels (see KERNEL_PROGRAMS)."""
-    return dcp_size * (len(batch.requests) + 1) <= KERNEL_PROGRAMS
+    requests = len(batch.requests)
+    return requests <= KERNEL_REQUESTS and dcp_size * (requests + 1) <= KERNEL_PROGRAMS
 
 
 def import_triton():
@@ -158,7 +162,9 @@ class BlockTablesPath:
 
     def _fill(self, tables, batch: Batch, dcp_size: int, max_tokens: int):
         num_reqs = max(len(tables), 1)
-        width = max([len(t[0]) for t in tables] + [1])
+        # rows wider than any request's blocks, as the release sizes them (by the longest
+        # sequence): a kernel reading past a request's blocks reads 0, never other memory
+        width = max([len(t[0]) for t in tables] + [1]) + ROW_SLACK
         sizes = [batch.block_size] * 2
         offered = dict(block_sizes=sizes, kernel_block_sizes=sizes, max_num_reqs=num_reqs,
                        max_num_batched_tokens=max_tokens, max_num_blocks_per_group=[width] * 2,
@@ -236,4 +242,5 @@ def load_block_tables(source) -> BlockTablesPath:
 
 
 __all__ = ["BLOCK_TABLE", "BUFFER_UTILS", "BlockTablesPath", "NO_TRITON", "KERNEL_PROGRAMS",
+           "KERNEL_REQUESTS",
            "load_block_tables", "through_kernels"]

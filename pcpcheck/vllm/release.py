@@ -25,10 +25,13 @@ import torch
 
 from pcpcheck.shared.errors import InterfaceDrift, LoadError
 from pcpcheck.shared.messages import (BATCH_ORDER, CACHE_WRITE, GATHER_STAGE, MANAGER_STAGE,
-                                      SLOT_MAPPING, SPLIT, WRAPPER, Capabilities)
+                                      SLOT_MAPPING, WRAPPER, Capabilities)
+from pcpcheck.shared.messages import SPLIT as SPLIT_STAGE
 from pcpcheck.vllm.inputs import global_maps, positions, step_arrays
-from pcpcheck.vllm.kernels import (BLOCK_TABLE, KERNEL_PROGRAMS, BlockTablesPath,
-                                   load_block_tables, through_kernels)
+from pcpcheck.vllm.excerpts import (BACKEND_UTILS, MODEL_RUNNER, SORT, SPLIT, SPLIT_FLAGS,
+                                    load_function, rank_num_decode_tokens)
+from pcpcheck.vllm.kernels import (BLOCK_TABLE, KERNEL_PROGRAMS, KERNEL_REQUESTS,
+                                   BlockTablesPath, load_block_tables, through_kernels)
 from pcpcheck.vllm.source import GATHERS, MANAGER, Source, from_spec, resolve
 from pcpcheck.worker.loader import _make_target, exec_source
 from pcpcheck.worker.standins import StandInSpace
@@ -108,6 +111,8 @@ class Release:
     stand_ins: list[str]  # vllm names stood in for (inert)
     adapted: list[str]  # working stand-ins provided, and how pcpcheck adapted to the release
     kernels: BlockTablesPath  # the release's BlockTables, or why slot maps stay modeled
+    sort: object = None  # the release's sort_batch_req_ids, or None (the order stays 0.33's key)
+    split: object = None  # its split_decodes_and_prefills, or None (nd: the leading decode rows)
     paths: list[dict] | None = None  # the path table (path_table): which stage runs the release's code
 
     @property
@@ -259,9 +264,12 @@ def load_release(source: Source | str) -> Release:
     if not caps.graph_padding:
         adapted.append("_build_batch_layout has no padded_num_tokens: no graph padding drawn")
     kernels = _block_tables(source, manager, adapted)
-    release = Release(source, manager, gather_module, gather, caps, space.names, adapted, kernels)
+    sort, unsorted = load_function(source, MODEL_RUNNER, SORT)
+    split, unsplit = load_function(source, BACKEND_UTILS, SPLIT)
+    release = Release(source, manager, gather_module, gather, caps, space.names, adapted, kernels,
+                      sort, split)
     _probe(release)
-    release.paths = path_table(source, gather_path, kernels, bool(wrappers))
+    release.paths = path_table(source, gather_path, kernels, bool(wrappers), unsorted, unsplit)
     return release
 
 
@@ -284,7 +292,7 @@ def _block_tables(source: Source, manager, adapted: list[str]) -> BlockTablesPat
 
 
 def path_table(source: Source, gather_path: str, kernels: BlockTablesPath,
-               has_wrappers: bool) -> list[dict]:
+               has_wrappers: bool, unsorted: str, unsplit: str) -> list[dict]:
     """Per stage: `real` (the release's file and its sha256 run it; `reason` says where it does
     not reach) or `modeled` (pcpcheck's restatement; `reason` says why)."""
     def real(stage, relpath, scope=""):
@@ -296,16 +304,19 @@ def path_table(source: Source, gather_path: str, kernels: BlockTablesPath,
                 "reason": reason}
 
     expanded_only = "expanded regimes; draft steps take the reference's unexpanded map"
-    kernel_scope = (f"{expanded_only}; steps of at most {KERNEL_PROGRAMS} slot-kernel programs, "
-                    "larger ones take the reference formula")
+    flags = ", ".join(f"{key}={value}" for key, value in SPLIT_FLAGS.items())
+    kernel_scope = (f"{expanded_only}; steps of at most {KERNEL_REQUESTS} requests and "
+                    f"{KERNEL_PROGRAMS} slot-kernel programs, larger ones the reference formula")
     return [
-        modeled(BATCH_ORDER, "0.33's sort key (pcpcheck.vllm.verdict.release_order), not the "
-                             "release's sort_batch_req_ids"),
+        real(BATCH_ORDER, MODEL_RUNNER, f"{SORT} alone, with a decode query length of 1")
+        if not unsorted else modeled(BATCH_ORDER, f"{unsorted}: 0.33's sort key "
+                                                  "(pcpcheck.vllm.verdict.release_order)"),
         real(SLOT_MAPPING, BLOCK_TABLE, kernel_scope) if kernels.real else modeled(
             SLOT_MAPPING, f"{kernels.reason}: the reference formula (semantics section 3)"),
         real(MANAGER_STAGE, MANAGER, expanded_only),
-        modeled(SPLIT, "the rank's leading decode rows (pcpcheck's rule), not the release's "
-                       "split_decodes_and_prefills"),
+        real(SPLIT_STAGE, BACKEND_UTILS, f"{SPLIT} alone, with the MLA builder's defaults "
+                                         f"under PCP: {flags}; {expanded_only}")
+        if not unsplit else modeled(SPLIT_STAGE, f"{unsplit}: the rank's leading decode rows"),
         real(WRAPPER, gather_path) if has_wrappers else modeled(
             WRAPPER, f"not reached: {gather_path} has no wrapper, cases call the gather"),
         real(GATHER_STAGE, gather_path),
@@ -363,21 +374,26 @@ def make_manager(release, batch: Batch, rank: int):
     return release.manager(**kwargs)
 
 
-def manager_view(release, batch: Batch, rank: int) -> dict:
-    """What rank `rank`'s own manager lays out (every rank's rows, as this rank sees them)."""
+def manager_view(release, batch: Batch, rank: int) -> tuple[dict, list[int] | None]:
+    """What rank `rank`'s own manager lays out (every rank's rows, as this rank sees them; its
+    `num_decode_tokens` are the layout's leading decode rows, which LAYOUT compares), and each
+    rank's num_decode_tokens from the release's own split (None where it has none)."""
     manager = make_manager(release, batch, rank)
     q, computed, prefilling, starts = step_arrays(batch)
     kwargs = {}
     if batch.graph_size and release.caps.graph_padding:
         kwargs["padded_num_tokens"] = batch.graph_size
     segments_by_rank, _ = manager._build_batch_layout(q, computed, prefilling, starts, **kwargs)
-    rows, nds = [], []
+    rows, nds, split_nds = [], [], []
     for segments in segments_by_rank:
         ordered = sorted(segments, key=lambda s: s.rank_local_batch_slice.start)
         rows.append([t for s in ordered
                      for t in range(s.global_batch_slice.start, s.global_batch_slice.stop)])
         nds.append(_leading_decodes([(s.global_batch_req_idx, s.num_tokens) for s in ordered],
                                     prefilling))
+        if release.split is not None:  # the attention builder's nd, which the gather is given
+            split_nds.append(rank_num_decode_tokens(release.split, [
+                (s.num_tokens, bool(prefilling[s.global_batch_req_idx])) for s in ordered]))
     gidx = _plain(manager._padded_gather_idx)
     view = {
         "rows": rows,
@@ -399,7 +415,7 @@ def manager_view(release, batch: Batch, rank: int) -> dict:
         maps = torch.from_numpy(global_maps(batch, rank if batch.regime == DCP else 0))
         expanded = manager._convert_to_gathered_slot_mappings(maps)
     view["expanded"] = [[int(v) for v in row] for row in _plain(expanded)]
-    return view
+    return view, split_nds or None
 
 
 def _plain(value) -> list:
