@@ -23,19 +23,26 @@ import pytest
 from pcpcheck.api import check_release
 from pcpcheck.cli import main
 from pcpcheck.shared.errors import SourceError
-from pcpcheck.shared.messages import SLOT_MAPPING
+from pcpcheck.shared.messages import BATCH_ORDER, SLOT_MAPPING, SPLIT
+from pcpcheck.vllm.excerpts import BACKEND_UTILS, MODEL_RUNNER
 from pcpcheck.vllm.kernels import BLOCK_TABLE, BUFFER_UTILS, NO_TRITON
 from pcpcheck.vllm.source import GATHERS, MANAGER, fetch_release
-from pcpcheck_spec.names import DCP, LAYOUT, REPLICATED
+from pcpcheck_spec.names import COLLECTIVE, DCP, LAYOUT, REPLICATED
 
 pytestmark = pytest.mark.xdist_group("vllm_0_33_0_wheel")
 
-FILES = (MANAGER, GATHERS[0], BLOCK_TABLE, BUFFER_UTILS, "vllm/_version.py")
-# (the kernel's line, the same line with the off-by-one)
-OWNERSHIP = ("is_local = virtual_block_offsets // CP_INTERLEAVE % CP_SIZE == cp_rank",
+FILES = (MANAGER, GATHERS[0], BLOCK_TABLE, BUFFER_UTILS, MODEL_RUNNER, BACKEND_UTILS,
+         "vllm/_version.py")
+# (file, a line of it, the same line with the off-by-one)
+OWNERSHIP = (BLOCK_TABLE,
+             "is_local = virtual_block_offsets // CP_INTERLEAVE % CP_SIZE == cp_rank",
              "is_local = (virtual_block_offsets + 1) // CP_INTERLEAVE % CP_SIZE == cp_rank")
-LOCAL_OFFSET = ("local_offsets = rounds * CP_INTERLEAVE + remainder",
+LOCAL_OFFSET = (BLOCK_TABLE, "local_offsets = rounds * CP_INTERLEAVE + remainder",
                 "local_offsets = rounds * CP_INTERLEAVE + remainder + 1")
+SORT_LOSES_ONE = (MODEL_RUNNER, "return sorted(num_tokens_per_req, key=key)",
+                  "return sorted(num_tokens_per_req, key=key)[1:]")
+SPLIT_ONE_MORE = (BACKEND_UTILS, "num_decode_tokens = query_start_loc[first_prefill].item()",
+                  "num_decode_tokens = query_start_loc[first_prefill].item() + 1")
 # A `triton` package first on a pcpcheck subprocess's PYTHONPATH hides the real one from it.
 HIDDEN_TRITON = 'raise ImportError("triton hidden by the test")\n'
 
@@ -56,18 +63,18 @@ def wheel(tmp_path_factory):
         pytest.fail(f"cannot fetch vllm==0.33.0 from the package registry: {exc}", pytrace=False)
 
 
-def checkout(wheel: Path, root: Path, change: tuple[str, str] | None = None) -> Path:
-    """The release's PCP files as a checkout, block_table.py with `change` made (exactly once)."""
+def checkout(wheel: Path, root: Path, change: tuple[str, str, str] | None = None) -> Path:
+    """The release's PCP files as a checkout, with `change` (file, old, new) made exactly once."""
     with zipfile.ZipFile(wheel) as archive:
         for relpath in FILES:
             target = root / relpath
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(archive.read(relpath))
     if change:
-        path = root / BLOCK_TABLE
-        text = path.read_text()
-        assert text.count(change[0]) == 1, f"{change[0]!r} is not once in {BLOCK_TABLE}"
-        path.write_text(text.replace(change[0], change[1]))
+        relpath, old, new = change
+        text = (root / relpath).read_text()
+        assert text.count(old) == 1, f"{old!r} is not once in {relpath}"
+        (root / relpath).write_text(text.replace(old, new))
     return root
 
 
@@ -121,6 +128,27 @@ def test_without_triton_the_kernel_stage_is_modeled_and_says_so(wheel, tmp_path)
     stage = next(p for p in paths if p["stage"] == SLOT_MAPPING)
     assert stage["status"] == "modeled" and stage["reason"].startswith(NO_TRITON)
     assert BLOCK_TABLE not in json.loads((tmp_path / "out.json").read_text())["release"]["files"]
+
+
+# a sort that loses a request fails the step's layout on every rank; a split one token long
+# gives ranks different nd for one prefill token (rank 1 holds none of it): their gathers differ
+@pytest.mark.parametrize("change, stage, invariant", [(SORT_LOSES_ONE, BATCH_ORDER, LAYOUT),
+                                                      (SPLIT_ONE_MORE, SPLIT, COLLECTIVE)],
+                         ids=["sort", "split"])
+def test_a_stage_reported_real_runs_the_release_code(wheel, tmp_path, change, stage, invariant):
+    """The path table's real batch order and split: the release's own function runs (changed,
+    the verdict changes; as shipped, it holds), named with the changed file's sha256."""
+    options = dict(regimes=(REPLICATED,), max_examples=40, max_ranks=2)
+    shipped = check_release(checkout(wheel, tmp_path / "release"), **options)
+    assert shipped.verdicts() == {REPLICATED: "holds"}
+    root = checkout(wheel, tmp_path / "changed", change)
+    result = check_release(root, **options)
+    assert result.counterexamples and result.counterexamples[0].invariant == invariant, \
+        result.verdicts()
+    row = next(p for p in result.release.paths if p.stage == stage)
+    digest = hashlib.sha256((root / change[0]).read_bytes()).hexdigest()
+    assert (row.status, row.file, row.sha256) == ("real", change[0], digest)
+    assert dict(shipped.regimes[0].real_stages)[stage] == shipped.regimes[0].cases
 
 
 def test_a_source_without_block_tables_names_the_stage_modeled():
