@@ -22,12 +22,12 @@ import pytest
 
 from pcpcheck.api import check_release
 from pcpcheck.cli import main
-from pcpcheck.shared.errors import SourceError
 from pcpcheck.shared.messages import BATCH_ORDER, SLOT_MAPPING, SPLIT
-from pcpcheck.vllm.excerpts import BACKEND_UTILS, MODEL_RUNNER
+from pcpcheck.shared.errors import InterfaceDrift, SourceError
+from pcpcheck.vllm.excerpts import BACKEND_UTILS, MODEL_RUNNER, check_sort, step_order
 from pcpcheck.vllm.kernels import BLOCK_TABLE, BUFFER_UTILS, NO_TRITON
 from pcpcheck.vllm.source import GATHERS, MANAGER, fetch_release
-from pcpcheck_spec.names import COLLECTIVE, DCP, LAYOUT, REPLICATED
+from pcpcheck_spec.names import COLLECTIVE, DCP, LAYOUT, REPLICATED, Batch, Request
 
 pytestmark = pytest.mark.xdist_group("vllm_0_33_0_wheel")
 
@@ -158,3 +158,23 @@ def test_a_source_without_block_tables_names_the_stage_modeled():
     assert stage.status == "modeled" and stage.reason.startswith(f"{BLOCK_TABLE} is not in this")
     assert [p.stage for p in result.release.paths if p.status == "real"] == [
         "manager", "wrapper", "gather"]
+
+
+def test_the_release_sort_is_fed_by_its_parameter_names():
+    """0.26-0.28's sort takes no draft tokens, 0.29 on do (their keys as the wheels ship them);
+    a parameter pcpcheck cannot give is drift, one line."""
+    def sort_026(num_tokens_per_req, decode_query_len):
+        key = lambda r: ((num := num_tokens_per_req[r]) != decode_query_len, num)  # noqa: E731
+        return sorted(num_tokens_per_req, key=key)
+
+    def sort_029(num_tokens_per_req, draft_tokens, decode_query_len):
+        key = lambda r: (not draft_tokens.get(r),  # noqa: E731
+                         (num := num_tokens_per_req[r]) != decode_query_len, num)
+        return sorted(num_tokens_per_req, key=key)
+
+    step = Batch(REPLICATED, 2, (Request(3, True, 0, (0,)), Request(1, False, 0, (1,)),
+                                 Request(2, False, 0, (2,))), 16)
+    assert step_order(sort_026, step) == [1, 2, 0]
+    assert step_order(sort_029, step) == [2, 1, 0]  # the decode with a draft token first
+    with pytest.raises(InterfaceDrift, match="takes 'spec_config'"):
+        check_sort(lambda num_tokens_per_req, spec_config: [])

@@ -7,9 +7,9 @@ stand-ins. `load_function(source, relpath, name)` gives `(function, "")`, or `(N
 stage then stays modeled and the path table says why.
 
 - `step_order(sort, batch)`: the permutation of a step's requests that `sort_batch_req_ids`
-  (vllm/v1/worker/gpu/model_runner.py) gives, fed as the model runner feeds it: each request's
-  scheduled tokens, a decode's tokens past its first as its draft tokens, and a decode query
-  length of 1.
+  (vllm/v1/worker/gpu/model_runner.py) gives, fed as the model runner feeds it, by parameter
+  name: each request's scheduled tokens, a decode's tokens past its first as its draft tokens
+  (0.29 on), and a decode query length of 1.
 - `rank_num_decode_tokens(split, segments)`: `num_decode_tokens` of a rank's local batch from
   `split_decodes_and_prefills` (vllm/v1/attention/backends/utils.py), called as the MLA metadata
   builder calls it under PCP with its class defaults: `decode_threshold` its
@@ -20,6 +20,7 @@ stage then stays modeled and the path table says why.
 from __future__ import annotations
 
 import ast
+import inspect
 from types import SimpleNamespace
 
 import numpy as np
@@ -64,13 +65,27 @@ def load_function(source, relpath: str, name: str):
     return getattr(module, name), ""
 
 
+# The sort's parameters pcpcheck knows how to give (0.26-0.28 take no draft tokens).
+SORT_PARAMS = ("num_tokens_per_req", "draft_tokens", "decode_query_len")
+
+
+def check_sort(sort) -> None:
+    """InterfaceDrift (one line) if the release's sort takes a parameter pcpcheck cannot give."""
+    unknown = [p for p in inspect.signature(sort).parameters if p not in SORT_PARAMS]
+    if unknown:
+        raise InterfaceDrift(f"{MODEL_RUNNER}: {SORT} takes {unknown[0]!r}, which pcpcheck does "
+                             "not know how to give")
+
+
 def step_order(sort, batch: Batch) -> list[int]:
     """The release's order of the step's requests, as indices into `batch.requests`."""
     ids = [f"r{index}" for index in range(len(batch.requests))]
-    tokens = {rid: r.num_tokens for rid, r in zip(ids, batch.requests)}
-    drafts = {rid: [0] * (r.num_tokens - 1) for rid, r in zip(ids, batch.requests)
-              if not r.prefilling and r.num_tokens > 1}
-    ordered = list(sort(tokens, drafts, DECODE_QUERY_LEN))
+    given = {
+        "num_tokens_per_req": {rid: r.num_tokens for rid, r in zip(ids, batch.requests)},
+        "draft_tokens": {rid: [0] * (r.num_tokens - 1) for rid, r in zip(ids, batch.requests)
+                         if not r.prefilling and r.num_tokens > 1},
+        "decode_query_len": DECODE_QUERY_LEN}
+    ordered = list(sort(**{p: given[p] for p in inspect.signature(sort).parameters}))
     if sorted(ordered) != sorted(ids):
         raise ValueError(f"{SORT} returned {ordered!r}, not an order of the step's requests")
     return [ids.index(rid) for rid in ordered]
@@ -91,5 +106,6 @@ def rank_num_decode_tokens(split, segments: list[tuple[int, bool]]) -> int:
     return int(split(metadata, **SPLIT_FLAGS)[2])
 
 
-__all__ = ["BACKEND_UTILS", "MODEL_RUNNER", "SORT", "SPLIT", "SPLIT_FLAGS", "load_function",
+__all__ = ["BACKEND_UTILS", "MODEL_RUNNER", "SORT", "SPLIT", "SPLIT_FLAGS", "check_sort",
+           "load_function",
            "rank_num_decode_tokens", "step_order"]

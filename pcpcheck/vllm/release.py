@@ -29,7 +29,7 @@ from pcpcheck.shared.messages import (BATCH_ORDER, CACHE_WRITE, GATHER_STAGE, MA
 from pcpcheck.shared.messages import SPLIT as SPLIT_STAGE
 from pcpcheck.vllm.inputs import global_maps, positions, step_arrays
 from pcpcheck.vllm.excerpts import (BACKEND_UTILS, MODEL_RUNNER, SORT, SPLIT, SPLIT_FLAGS,
-                                    load_function, rank_num_decode_tokens)
+                                    check_sort, load_function, rank_num_decode_tokens)
 from pcpcheck.vllm.kernels import (BLOCK_TABLE, KERNEL_PROGRAMS, KERNEL_REQUESTS,
                                    BlockTablesPath, load_block_tables, through_kernels)
 from pcpcheck.vllm.source import GATHERS, MANAGER, Source, from_spec, resolve
@@ -265,6 +265,8 @@ def load_release(source: Source | str) -> Release:
         adapted.append("_build_batch_layout has no padded_num_tokens: no graph padding drawn")
     kernels = _block_tables(source, manager, adapted)
     sort, unsorted = load_function(source, MODEL_RUNNER, SORT)
+    if sort is not None:
+        check_sort(sort)
     split, unsplit = load_function(source, BACKEND_UTILS, SPLIT)
     release = Release(source, manager, gather_module, gather, caps, space.names, adapted, kernels,
                       sort, split)
