@@ -24,14 +24,12 @@ import numpy as np
 import torch
 
 from pcpcheck.shared.errors import InterfaceDrift, LoadError
-from pcpcheck.shared.messages import (BATCH_ORDER, CACHE_WRITE, GATHER_STAGE, MANAGER_STAGE,
-                                      SLOT_MAPPING, WRAPPER, Capabilities)
-from pcpcheck.shared.messages import SPLIT as SPLIT_STAGE
+from pcpcheck.shared.messages import Capabilities
 from pcpcheck.vllm.inputs import global_maps, positions, step_arrays
-from pcpcheck.vllm.excerpts import (BACKEND_UTILS, MODEL_RUNNER, SORT, SPLIT, SPLIT_FLAGS,
-                                    check_sort, load_function, rank_num_decode_tokens)
-from pcpcheck.vllm.kernels import (BLOCK_TABLE, KERNEL_PROGRAMS, KERNEL_REQUESTS,
-                                   BlockTablesPath, load_block_tables, through_kernels)
+from pcpcheck.vllm.excerpts import (BACKEND_UTILS, MODEL_RUNNER, SORT, SPLIT, check_sort,
+                                    load_function, rank_num_decode_tokens)
+from pcpcheck.vllm.kernels import BlockTablesPath, load_block_tables, through_kernels
+from pcpcheck.vllm.paths import path_table
 from pcpcheck.vllm.source import GATHERS, MANAGER, Source, from_spec, resolve
 from pcpcheck.worker.loader import _make_target, exec_source
 from pcpcheck.worker.standins import StandInSpace
@@ -271,7 +269,8 @@ def load_release(source: Source | str) -> Release:
     release = Release(source, manager, gather_module, gather, caps, space.names, adapted, kernels,
                       sort, split)
     _probe(release)
-    release.paths = path_table(source, gather_path, kernels, bool(wrappers), unsorted, unsplit)
+    release.paths = path_table(source, gather_path, kernels.reason if not kernels.real else "",
+                               bool(wrappers), unsorted, unsplit)
     return release
 
 
@@ -291,40 +290,6 @@ def _block_tables(source: Source, manager, adapted: list[str]) -> BlockTablesPat
     adapted.append("PCPManager.partition_batch not run: prepare_slot_mappings reads the global "
                    "batch's idx_mapping, query_start_loc, positions and num_tokens as given")
     return kernels
-
-
-def path_table(source: Source, gather_path: str, kernels: BlockTablesPath,
-               has_wrappers: bool, unsorted: str, unsplit: str) -> list[dict]:
-    """Per stage: `real` (the release's file and its sha256 run it; `reason` says where it does
-    not reach) or `modeled` (pcpcheck's restatement; `reason` says why)."""
-    def real(stage, relpath, scope=""):
-        return {"stage": stage, "status": "real", "file": relpath,
-                "sha256": source.hashes.get(relpath, ""), "reason": scope}
-
-    def modeled(stage, reason):
-        return {"stage": stage, "status": "modeled", "file": None, "sha256": None,
-                "reason": reason}
-
-    expanded_only = "expanded regimes; draft steps take the reference's unexpanded map"
-    flags = ", ".join(f"{key}={value}" for key, value in SPLIT_FLAGS.items())
-    kernel_scope = (f"{expanded_only}; steps of at most {KERNEL_REQUESTS} requests and "
-                    f"{KERNEL_PROGRAMS} slot-kernel programs, larger ones the reference formula")
-    return [
-        real(BATCH_ORDER, MODEL_RUNNER, f"{SORT} alone, with a decode query length of 1")
-        if not unsorted else modeled(BATCH_ORDER, f"{unsorted}: 0.33's sort key "
-                                                  "(pcpcheck.vllm.verdict.release_order)"),
-        real(SLOT_MAPPING, BLOCK_TABLE, kernel_scope) if kernels.real else modeled(
-            SLOT_MAPPING, f"{kernels.reason}: the reference formula (semantics section 3)"),
-        real(MANAGER_STAGE, MANAGER, expanded_only),
-        real(SPLIT_STAGE, BACKEND_UTILS, f"{SPLIT} alone, with the MLA builder's defaults "
-                                         f"under PCP: {flags}; {expanded_only}")
-        if not unsplit else modeled(SPLIT_STAGE, f"{unsplit}: the rank's leading decode rows"),
-        real(WRAPPER, gather_path) if has_wrappers else modeled(
-            WRAPPER, f"not reached: {gather_path} has no wrapper, cases call the gather"),
-        real(GATHER_STAGE, gather_path),
-        modeled(CACHE_WRITE, "a C op (concat_and_cache_mla), not run on CPU: the kernel rule of "
-                             "semantics section 4 (spec.model.write)"),
-    ]
 
 
 def _probe(release: Release) -> None:
