@@ -39,6 +39,8 @@ OWNERSHIP = (BLOCK_TABLE,
              "is_local = (virtual_block_offsets + 1) // CP_INTERLEAVE % CP_SIZE == cp_rank")
 LOCAL_OFFSET = (BLOCK_TABLE, "local_offsets = rounds * CP_INTERLEAVE + remainder",
                 "local_offsets = rounds * CP_INTERLEAVE + remainder + 1")
+# the replicated group (dcp_sharded False, 0.31 on) treated as sharded
+REPLICATED_GROUP_SHARDED = (BLOCK_TABLE, "is_local = ~sharded | is_local", "is_local = is_local")
 SORT_LOSES_ONE = (MODEL_RUNNER, "return sorted(num_tokens_per_req, key=key)",
                   "return sorted(num_tokens_per_req, key=key)[1:]")
 SPLIT_ONE_MORE = (BACKEND_UTILS, "num_decode_tokens = query_start_loc[first_prefill].item()",
@@ -78,7 +80,8 @@ def checkout(wheel: Path, root: Path, change: tuple[str, str, str] | None = None
     return root
 
 
-@pytest.mark.parametrize("change", [OWNERSHIP, LOCAL_OFFSET], ids=["ownership", "local-offset"])
+@pytest.mark.parametrize("change", [OWNERSHIP, LOCAL_OFFSET, REPLICATED_GROUP_SHARDED],
+                         ids=["ownership", "local-offset", "replicated-group"])
 def test_an_off_by_one_in_the_slot_kernel_is_found(wheel, tmp_path, change):
     """The manager's own prepare_slot_mappings runs the (changed) kernel: the expanded slot map
     it builds differs from the reference's (LAYOUT, the manager's `expanded` field). The caches
@@ -95,6 +98,7 @@ def test_an_off_by_one_in_the_slot_kernel_is_found(wheel, tmp_path, change):
     digest = hashlib.sha256((root / BLOCK_TABLE).read_bytes()).hexdigest()
     assert (stage.status, stage.file, stage.sha256) == ("real", BLOCK_TABLE, digest)
     assert dict(result.regimes[0].real_stages)[SLOT_MAPPING] > 0
+    assert result.release.capabilities["replicated_kv_group"]  # 0.33 shards per KV group
 
 
 def test_the_cli_exits_1_on_the_changed_kernel_and_0_on_the_release(wheel, tmp_path, capsys):

@@ -99,6 +99,9 @@ class Capabilities:
     wrapper_shard_keyword: str | None  # the wrappers' shard keyword (pcp_shard_decode_requests)
     graph_padding: bool  # _build_batch_layout(padded_num_tokens=...)
     replicated_method: bool  # PCPManager.replicated_requests exists
+    # the second KV group drawn replicated under DCP: its BlockTables shards per group
+    # (`dcp_sharded`, 0.31 on) and runs (triton installed)
+    replicated_kv_group: bool = False
     not_applicable: dict[str, str] = field(default_factory=dict)  # regime -> reason
 
 

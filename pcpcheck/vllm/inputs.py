@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 
 import pcpcheck_reference as reference
-from pcpcheck_spec.names import Batch
+from pcpcheck_spec.names import REPLICATED, Batch
 
 # The second KV-cache group's block table: the first group's block ids moved by this many, so
 # the 2-D path of `_convert_to_gathered_slot_mappings` (and of the slot kernel's grid) is
@@ -17,19 +17,26 @@ from pcpcheck_spec.names import Batch
 SECOND_GROUP_BLOCKS = 1 << 16
 
 
-def group_blocks(batch: Batch) -> list[tuple[tuple[int, ...], ...]]:
-    """Per request, its block table in each of the two KV-cache groups."""
-    return [(r.blocks, tuple(b + SECOND_GROUP_BLOCKS for b in r.blocks)) for r in batch.requests]
+def group_blocks(batch: Batch, second_replicated: bool = False
+                 ) -> list[tuple[tuple[int, ...], ...]]:
+    """Per request, its block table in each of the two KV-cache groups. A second group that is
+    replicated under DCP (`dcp_sharded` False: every rank holds every token at its global
+    position) has D blocks of B positions for each of the first group's blocks of B*D."""
+    size = reference.dcp_size(batch) if second_replicated else 1
+    return [(r.blocks, tuple(SECOND_GROUP_BLOCKS + b * size + k for b in r.blocks
+                             for k in range(size))) for r in batch.requests]
 
 
-def global_maps(batch: Batch, dcp_rank: int) -> np.ndarray:
+def global_maps(batch: Batch, dcp_rank: int, second_replicated: bool = False) -> np.ndarray:
     """(2, N) global slot maps of the two KV-cache groups as DCP rank `dcp_rank` computes them
-    (semantics section 3, per group's block table)."""
+    (semantics section 3, per group's block table; a replicated second group as with D = 1)."""
     second = dataclasses.replace(batch, requests=tuple(
         dataclasses.replace(r, blocks=tables[1])
-        for r, tables in zip(batch.requests, group_blocks(batch))))
+        for r, tables in zip(batch.requests, group_blocks(batch, second_replicated))))
+    if second_replicated:
+        second = dataclasses.replace(second, regime=REPLICATED, interleave=1)
     return np.stack((reference.global_slots(batch, dcp_rank),
-                     reference.global_slots(second, dcp_rank)))
+                     reference.global_slots(second, dcp_rank if not second_replicated else 0)))
 
 
 def step_arrays(batch: Batch):

@@ -109,7 +109,8 @@ def judge_release_case(case: Case, results, release: ReleaseInfo) -> ReleaseObse
                                   rows=[[] for _ in case.tensors]))
             continue
         if expanded and step is not None:
-            want = expected_view(batch, caps.era, rank, caps.replicated_method)
+            want = expected_view(batch, caps.era, rank, caps.replicated_method,
+                                 caps.replicated_kv_group)
             if not conforms(want, step["layout"]):
                 layout_bad.append(rank)
                 diffs[rank] = differences(want, step["layout"])
@@ -187,16 +188,20 @@ def reference_view(batch: Batch, era: str, with_replicated: bool = True) -> dict
     return view
 
 
-def expected_expanded(batch: Batch, era: str, dcp_rank: int) -> list[list[int]]:
+def expected_expanded(batch: Batch, era: str, dcp_rank: int,
+                      second_replicated: bool = False) -> list[list[int]]:
     lay = reference.layout(batch, era=era)
     return [reference.expand_slot_mapping(lay.gidx, lay.wmask, group).tolist()
-            for group in global_maps(batch, dcp_rank)]
+            for group in global_maps(batch, dcp_rank, second_replicated)]
 
 
-def expected_view(batch: Batch, era: str, rank: int, with_replicated: bool) -> dict:
-    """reference_view plus the expanded maps rank `rank`'s manager must build."""
+def expected_view(batch: Batch, era: str, rank: int, with_replicated: bool,
+                  second_replicated: bool = False) -> dict:
+    """reference_view plus the expanded maps rank `rank`'s manager must build (the second KV
+    group replicated under DCP where the release shards per group: Capabilities)."""
     view = reference_view(batch, era, with_replicated)
-    view["expanded"] = expected_expanded(batch, era, rank if batch.regime == DCP else 0)
+    view["expanded"] = expected_expanded(batch, era, rank if batch.regime == DCP else 0,
+                                         second_replicated)
     return view
 
 

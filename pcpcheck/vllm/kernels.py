@@ -143,15 +143,17 @@ class BlockTablesPath:
     def real(self) -> bool:
         return self.block_tables is not None
 
-    def for_step(self, batch: Batch, dcp_size: int, dcp_rank: int, max_tokens: int):
+    def for_step(self, batch: Batch, dcp_size: int, dcp_rank: int, max_tokens: int,
+                 second_replicated: bool = False):
         """The release's BlockTables holding this step's block ids, for DCP rank `dcp_rank`.
         One filled instance serves every rank of a step (filling does not read the rank; each
         rank's manager sets it before its slot kernel runs: ranks lay out one after another)."""
-        tables = group_blocks(batch)
-        key = (tuple(tables), batch.block_size, dcp_size, batch.interleave, max_tokens)
+        tables = group_blocks(batch, second_replicated)
+        key = (tuple(tables), batch.block_size, dcp_size, batch.interleave, max_tokens,
+               second_replicated)
         filled = self._filled.get(key)
         if filled is None:
-            filled = self._fill(tables, batch, dcp_size, max_tokens)
+            filled = self._fill(tables, batch, dcp_size, max_tokens, second_replicated)
             self._filled[key] = filled
             if len(self._filled) > CACHE_SIZE:
                 self._filled.popitem(last=False)
@@ -160,16 +162,17 @@ class BlockTablesPath:
         filled.cp_rank = dcp_rank
         return filled
 
-    def _fill(self, tables, batch: Batch, dcp_size: int, max_tokens: int):
+    def _fill(self, tables, batch: Batch, dcp_size: int, max_tokens: int,
+              second_replicated: bool):
         num_reqs = max(len(tables), 1)
         # rows wider than any request's blocks, as the release sizes them (by the longest
         # sequence): a kernel reading past a request's blocks reads 0, never other memory
-        width = max([len(t[0]) for t in tables] + [1]) + ROW_SLACK
+        width = max([len(t[1]) for t in tables] + [1]) + ROW_SLACK
         sizes = [batch.block_size] * 2
         offered = dict(block_sizes=sizes, kernel_block_sizes=sizes, max_num_reqs=num_reqs,
                        max_num_batched_tokens=max_tokens, max_num_blocks_per_group=[width] * 2,
                        device=torch.device("cpu"), cp_size=dcp_size, cp_rank=0,
-                       cp_interleave=batch.interleave)
+                       cp_interleave=batch.interleave, dcp_sharded=[True, not second_replicated])
         params = inspect.signature(self.block_tables.__init__).parameters
         required = [name for name, p in params.items() if name != "self"
                     and p.default is inspect.Parameter.empty and name not in offered]

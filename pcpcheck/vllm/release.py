@@ -262,6 +262,10 @@ def load_release(source: Source | str) -> Release:
     if not caps.graph_padding:
         adapted.append("_build_batch_layout has no padded_num_tokens: no graph padding drawn")
     kernels = _block_tables(source, manager, adapted)
+    if kernels.real and "dcp_sharded" in _params(kernels.block_tables.__init__):
+        caps.replicated_kv_group = True
+        adapted.append("BlockTables(dcp_sharded=[True, False]): the second KV group replicated "
+                       "under DCP (compared by LAYOUT; the gather invariants judge the first)")
     sort, unsorted = load_function(source, MODEL_RUNNER, SORT)
     if sort is not None:
         check_sort(sort)
@@ -336,8 +340,8 @@ def make_manager(release, batch: Batch, rank: int):
     if kernel_step(release, batch):
         max_tokens = max(sum(r.num_tokens for r in batch.requests), batch.graph_size, 1)
         kwargs.update(max_num_reqs=max(len(batch.requests), 1), max_num_tokens=max_tokens,
-                      block_tables=release.kernels.for_step(batch, dcp_size, dcp_rank,
-                                                            max_tokens))
+                      block_tables=release.kernels.for_step(
+                          batch, dcp_size, dcp_rank, max_tokens, release.caps.replicated_kv_group))
     return release.manager(**kwargs)
 
 
@@ -379,7 +383,8 @@ def manager_view(release, batch: Batch, rank: int) -> tuple[dict, list[int] | No
             positions=torch.from_numpy(positions(batch)), num_tokens=int(starts[-1]))
         expanded = manager.prepare_slot_mappings()
     else:  # the reference formula's global maps (semantics section 3)
-        maps = torch.from_numpy(global_maps(batch, rank if batch.regime == DCP else 0))
+        maps = torch.from_numpy(global_maps(batch, rank if batch.regime == DCP else 0,
+                                            release.caps.replicated_kv_group))
         expanded = manager._convert_to_gathered_slot_mappings(maps)
     view["expanded"] = [[int(v) for v in row] for row in _plain(expanded)]
     return view, split_nds or None
