@@ -23,7 +23,10 @@ from pcpcheck.baseline import Baseline, load_baseline
 from pcpcheck.cases import parse_case
 from pcpcheck.judge import run_case
 from pcpcheck.compare import DIFFERENT, run_pairs
-from pcpcheck.engine import RegimeResult, Replays, search
+from pcpcheck import scope as scopes
+from pcpcheck.engine import RegimeResult, count_coverage, search
+from pcpcheck.exhaustive import exhaust
+from pcpcheck.minimize import Replays
 from pcpcheck.jobs import budget_share, search_in_parallel
 from pcpcheck.results import (DEFAULT_MAX_EXAMPLES, DEFAULT_RELEASE_EXAMPLES, CheckResult,
                               Counterexample, DiffResult, Options, RegimeDiff, RegimeSummary,
@@ -117,6 +120,26 @@ def validate(options: Options) -> None:
         raise UsageError(f"every world size must be between 2 and 8: {list(options.world_sizes)}")
 
 
+def exhaustive_scope(exhaustive: bool, scope, backend: str = "threads", world_sizes=None):
+    """Options.scope: the scope's KEY=VALUE text when exhaustive, else None (UsageError for a
+    scope without --exhaustive, a malformed one, or ranks a process backend does not pool)."""
+    if not exhaustive:
+        if scope is not None:
+            raise UsageError("--scope bounds an exhaustive check: add --exhaustive")
+        return None
+    if scope is None:
+        scope = scopes.DEFAULT_SCOPE
+    elif isinstance(scope, str):
+        try:
+            scope = scopes.parse_scope(scope)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if backend != "threads" or world_sizes:
+        raise UsageError("--exhaustive runs on the threads backend (its scope names the world "
+                         "sizes: --scope ranks=...)")
+    return scope.spec()
+
+
 def default_world_sizes(backend: str, world_sizes, device: str):
     """The world sizes a process backend pools (None for threads), checked against the GPUs."""
     if backend == "threads":
@@ -164,7 +187,7 @@ def check(target, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_MAX_EX
           backend: str = "threads", baseline: str | os.PathLike | None = None,
           function: str | None = None, timeout: float = 10.0, world_sizes=None,
           device: str = "cpu", progress: Progress | None = None, runner=None,
-          jobs: int | None = None) -> CheckResult:
+          jobs: int | None = None, exhaustive: bool = False, scope=None) -> CheckResult:
     """Check a gather implementation against the spec in each regime.
 
     target: a callable (importable as module:function), a .py path, 'module:function' or 'impl'.
@@ -173,13 +196,17 @@ def check(target, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_MAX_EX
     (`REGIME INVARIANT` per line). runner: an already started backend (torchrun's rank 0).
     jobs: driver processes searching regimes at once (default_jobs: one per two cores on the
     threads backend); the result does not depend on it.
+    exhaustive: instead of drawing max_examples cases, check every step within `scope` (a
+    pcpcheck.scope.Scope or its `KEY=VALUE,...` text; default scope.DEFAULT_SCOPE), smallest
+    first (pcpcheck.exhaustive); the result's regimes say how many steps the scope holds.
     Raises UsageError, LoadError, WorkerError (rank processes failed to start), CheckerError.
     """
     if isinstance(regimes, str):
         regimes = (regimes,)
     options = Options(tuple(dict.fromkeys(regimes)), max_examples, max_ranks, seed, budget_s,
                       backend, tuple(world_sizes) if world_sizes else None, device, timeout,
-                      function, None if baseline is None else os.fspath(baseline))
+                      function, None if baseline is None else os.fspath(baseline),
+                      scope=exhaustive_scope(exhaustive, scope, backend, world_sizes))
     validate(options)
     known = load_baseline(options.baseline) if options.baseline else Baseline(options.baseline, ())
     source = resolve_target(target)
@@ -238,6 +265,9 @@ def _search_regime(target, runner, options: Options, regime: str, deadline, on_c
                    on_wait=None) -> RegimeResult:
     if regime == SHARDED and not target.accepts_shard:  # its era has no decode sharding
         return RegimeResult(regime, not_applicable=NO_SHARD_FLAG)
+    if options.scope is not None:
+        return exhaust(target, regime, runner, scopes.parse_scope(options.scope),
+                       deadline=deadline, on_case=on_case, on_wait=on_wait)
     return search(target, regime, runner, max_examples=options.max_examples,
                   max_ranks=options.max_ranks, derandomize=options.seed is None, seed=options.seed,
                   pcp_sizes=options.world_sizes, deadline=deadline, on_case=on_case,
@@ -286,21 +316,29 @@ def _search_in_drivers(source: str, options: Options, jobs: int, progress: Progr
 def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_RELEASE_EXAMPLES,
                   max_ranks: int = 8, seed: int | None = None, budget_s: float | None = None,
                   timeout: float = 10.0, empty_steps: bool = False,
-                  progress: Progress | None = None) -> CheckResult:
+                  baseline: str | os.PathLike | None = None,
+                  progress: Progress | None = None, exhaustive: bool = False,
+                  scope=None) -> CheckResult:
     """Check a vLLM release's own PCP path (`pcpcheck vllm SOURCE`): its PCPManager's layout
     (LAYOUT) and its gather and wrappers on every rank, per regime it can reach.
 
     source: a release ('0.33.0', 'vllm==0.33.0'; fetched with pip into the wheel cache), a wheel,
     a checkout, or 'installed'. The release is read and fetched here, but loaded and run only in
-    the backend's worker process. Raises UsageError, SourceError, InterfaceDrift (LoadError's), WorkerError.
+    the backend's worker process. baseline: known violations, as for `check`; exhaustive,
+    scope: as `check`'s (each step in the release's batch order, each distinct one once).
+    Raises UsageError, SourceError, InterfaceDrift (LoadError's), WorkerError.
     """
     from pcpcheck.vllm.source import resolve
     from pcpcheck.vllm.verdict import counterexample, replay_command, search_regime
     if isinstance(regimes, str):
         regimes = (regimes,)
     options = Options(tuple(dict.fromkeys(regimes)), max_examples, max_ranks, seed, budget_s,
-                      "threads", None, "cpu", timeout, None, None, empty_steps)
+                      "threads", None, "cpu", timeout, None,
+                      None if baseline is None else os.fspath(baseline), empty_steps,
+                      exhaustive_scope(exhaustive, scope))
     validate(options)
+    known = load_baseline(options.baseline) if options.baseline else Baseline(options.baseline, ())
+    bounds = None if options.scope is None else scopes.parse_scope(options.scope)
     spec = resolve(os.fspath(source)).spec()  # finds or fetches the files; executes nothing
     progress = progress or Progress()
     with make_runner("threads", timeout=timeout, world_sizes=None, device="cpu") as backend:
@@ -310,8 +348,8 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
             options, progress, lambda regime, share, on_case, on_wait: search_regime(
                 release, regime, backend, max_examples=max_examples, max_ranks=max_ranks,
                 seed=seed, empty_steps=empty_steps, deadline=share, on_case=on_case,
-                on_wait=on_wait))
-    return assemble.result(spec["location"], release, options, results, Baseline(None, ()),
+                on_wait=on_wait, scope=bounds))
+    return assemble.result(spec["location"], release, options, results, known,
                            describe=lambda regime, observation, replays: (
                                replay_command(release, observation),
                                counterexample(release, regime, observation, replays)),
@@ -393,6 +431,7 @@ def _one_case(source: str, target, observation, options: Options, describe=None,
     regime = observation.prepared.case.batch.regime
     result = RegimeResult(regime, cases=1, checked=Counter(observation.checked),
                           violated=Counter(v.invariant for v in observation.violations))
+    count_coverage(result, observation)
     if observation.violations:
         result.counterexamples, result.replays = [observation], [Replays(1, 1)]
     return assemble.result(source, target, options, [result], Baseline(None, ()), describe, release)

@@ -4,7 +4,7 @@ into) and the baseline's outcome."""
 
 from __future__ import annotations
 
-from pcpcheck import report
+from pcpcheck import coverage, report
 from pcpcheck.baseline import Baseline
 from pcpcheck.results import (BaselineOutcome, CheckResult, Counterexample, InvariantCount,
                               Options, RegimeSummary, ReleaseRecord, ViolationRecord, version)
@@ -20,6 +20,9 @@ def summary(result) -> RegimeSummary:
                          result.budget_reached, result.not_applicable or None,
                          round(result.slowest_call, 4),
                          round(result.call_seconds / result.cases, 4) if result.cases else 0.0,
+                         tuple((b, result.branches[b]) for b in coverage.BRANCHES),
+                         tuple((f, result.features[f]) for f in coverage.FEATURES),
+                         result.scope_steps,
                          tuple(sorted(result.real_stages.items())))
 
 

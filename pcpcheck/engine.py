@@ -5,27 +5,24 @@ builder as the hypothesis strategy, 10-20x cheaper per case than a hypothesis ex
 streams them through the backend, several in flight. The smallest case violating each invariant
 goes to hypothesis as a stored example (its choices); hypothesis replays it and shrinks it.
 
-After the search each counterexample's case runs REPLAYS more times through the same backend: a
-violation that its own replay does not always show is flaky (the target does not behave the same
-on the same case), and the report says so rather than presenting it as an ordinary, shrunk case.
+After the search each counterexample's case runs again (pcpcheck.minimize.replay): a violation
+that its own replays do not always show is flaky (the target does not behave the same on the same
+case), and the report says so rather than presenting it as an ordinary, shrunk case.
 
 Each invariant gets its own exception class, so hypothesis treats violations of different
 invariants as different bugs and shrinks each to its own minimal case (report_multiple_bugs).
 A case is reported under the first invariant it violates (spec.registry order).
 
 A case on which a rank hung or died ("costly": running it again costs a timeout or a worker) is
-evidence at once: generation stops there, and instead of hypothesis (every attempt that hangs
-would cost a timeout) the smaller cases (reduce.ascending) are tried in order of size, each beside
-its replay on a twin backend, so the first that hangs again is the smallest tried and its replay
-ran in the same timeout. A hang met while shrinking another violation stops that shrinking; a
-replay that hangs ends the replays. What ended a phase early is the counterexample's `note`.
+evidence at once: generation stops there, and it is not handed to hypothesis (every attempt that
+hangs would cost a timeout) but scanned (pcpcheck.minimize.scan). A hang met while shrinking
+another violation stops that shrinking. What ended a phase early is the counterexample's `note`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
-import threading
 import time
 import unittest
 from collections import Counter, deque
@@ -35,9 +32,11 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import ExampleDatabase, choices_to_bytes
 
+from pcpcheck import coverage
 from pcpcheck.cases import cases, draw_case
 from pcpcheck.judge import Observation, run_cases
-from pcpcheck.reduce import ascending, size, smaller
+from pcpcheck.minimize import Replays, reduced, replay, scan
+from pcpcheck.reduce import size
 from pcpcheck.shared.case import Case
 from pcpcheck.shared.errors import CheckerError
 from pcpcheck_spec.registry import IDS
@@ -68,21 +67,6 @@ def _priority(observation) -> int:
     return IDS.index(first) if first in IDS else len(IDS)
 
 
-REPLAYS = 5  # runs of each counterexample's case after the search
-
-
-@dataclass(frozen=True)
-class Replays:
-    """How often a counterexample's case showed its violation again when run `runs` more times."""
-
-    runs: int
-    reproduced: int  # runs whose first violation was the counterexample's
-
-    @property
-    def flaky(self) -> bool:
-        return self.reproduced < self.runs
-
-
 class _BudgetReached(BaseException):
     """Raised at the start of a case once the deadline has passed: a BaseException, so
     hypothesis neither shrinks nor reports it but unwinds at once."""
@@ -99,6 +83,8 @@ class RegimeResult:
     cases: int = 0
     checked: Counter = field(default_factory=Counter)  # invariant -> cases evaluated
     violated: Counter = field(default_factory=Counter)  # invariant -> cases violating it
+    branches: Counter = field(default_factory=Counter)  # gather branch -> cases taking it
+    features: Counter = field(default_factory=Counter)  # layout feature -> cases exercising it
     counterexamples: list[Observation] = field(default_factory=list)  # shrunk, one per invariant
     replays: list[Replays] = field(default_factory=list)  # one per counterexample, in order
     not_applicable: str = ""  # why the target cannot reach this regime (then nothing is drawn)
@@ -107,12 +93,19 @@ class RegimeResult:
     budget_reached: bool = False  # the deadline stopped the search early
     slowest_call: float = 0.0  # seconds of the slowest rank's call of any case
     call_seconds: float = 0.0  # the slowest rank's call of each case, summed (mean: / cases)
+    scope_steps: int | None = None  # exhaustive search: the steps its scope holds (else None)
     real_stages: Counter = field(default_factory=Counter)  # a release's stage -> steps it ran
+
+
+def count_coverage(result: RegimeResult, observation: Observation) -> None:
+    """Add what a case exercised (pcpcheck.coverage, from the case, not the target) to a
+    regime's counts."""
+    result.branches.update(coverage.branches(observation.prepared.case))
+    result.features.update(coverage.features(observation.prepared.case))
 
 
 MIN_CASES = 10  # hypothesis' least test calls before it stops looking for more bugs
 SHRINK_SEED = 0  # the shrinker's randomness: fixed, so a run is reproducible
-SCAN_ATTEMPTS = 500  # smaller cases tried for a costly counterexample, at most
 
 
 def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8,
@@ -232,6 +225,7 @@ class _Search:
         result.call_seconds += call
         result.checked.update(observation.checked)
         result.violated.update(v.invariant for v in observation.violations)
+        count_coverage(result, observation)
         result.real_stages.update(getattr(observation, "real_stages", ()))
         if self.on_case is not None:
             self.on_case(result)
@@ -357,97 +351,28 @@ class _Search:
 
 
     def scan(self, observation: Observation) -> Observation:
-        """A costly counterexample's smallest form: the smaller cases tried in order of size
-        (reduce.ascending), each on the runner and, at the same time, on a twin backend; the
-        first that shows the same violation again is the smallest tried, and its twin's run is
-        its replay. At most SCAN_ATTEMPTS cases and 3 timeouts + 30 s."""
-        invariant = observation.violations[0].invariant
-        candidates = ascending(observation.prepared.case, self.sizes)
-        if self.transform is not None:
-            candidates = (c for c in map(self.transform, candidates) if c is not None)
-        twin = self.runner.twin()
-        began = time.perf_counter()
-        budget = 3 * self.runner.timeout + 30.0
-        found, again, tried = observation, None, 0
-        phase = "looking for the smallest case that shows it again, attempt {}"
-        self.phase = phase.format(1)
-        try:
-            for tried, (mine, theirs) in enumerate(
-                    _beside(candidates, self.target, self.runner, twin, self.run_many), 1):
-                self.phase = phase.format(tried + 1)
-                self.record(mine)
-                if mine.violations and mine.violations[0].invariant == invariant:
-                    found, again = mine, theirs
-                    break
-                if tried >= SCAN_ATTEMPTS or time.perf_counter() - began > budget or (
-                        self.deadline is not None and time.monotonic() >= self.deadline):
-                    break
-        finally:
-            if twin is not None:
-                twin.close()
-        seconds = time.perf_counter() - began
-        how = "hung" if any(v.lost == "hung" for v in observation.ranks) else "killed its worker"
-        if found is observation:
-            found.note = (f"shrinking stopped after {tried} attempts / {seconds:.1f} s: no smaller "
-                          f"case tried showed it again (the case {how})")
-        else:
-            found.note = (f"shrunk in {seconds:.1f} s: the first of {tried} smaller cases, tried "
-                          f"in order of size, that showed it again ("
-                          + ("its replay ran beside it, " if again is not None else "")
-                          + f"each case that {how} cost one wait)")
-        if again is not None:
-            reproduced = bool(again.violations) and again.violations[0].invariant == invariant
-            self.replayed[id(found)] = Replays(1, int(reproduced))
+        """A costly counterexample's smallest form (pcpcheck.minimize.scan); the replay that ran
+        beside it stands for its replays."""
+        def attempt(n: int) -> None:
+            self.phase = f"looking for the smallest case that shows it again, attempt {n}"
+        found, replayed = scan(observation, self.target, self.runner, self.run_many, self.sizes,
+                               transform=self.transform, deadline=self.deadline,
+                               record=self.record, on_attempt=attempt)
+        if replayed is not None:
+            self.replayed[id(found)] = replayed
         return found
 
     def reduced(self, observation: Observation) -> Observation:
         def attempt(n: int) -> None:
             self.phase = f"reducing, attempt {n}"
-        return _reduced(observation, self.runner, self.target, self.run_many, self.sizes, attempt)
+        return reduced(observation, self.target, self.runner, self.run_many, self.sizes, attempt)
 
     def replays(self, observation: Observation) -> Replays:
-        """How often the counterexample's case shows its violation again: the replay its scan
-        ran beside it, one replay of a costly case, REPLAYS of any other (ended by a replay that
-        hangs or kills its worker)."""
+        """The replay its scan ran beside it, else minimize.replay's."""
         if id(observation) in self.replayed:
             return self.replayed[id(observation)]
         self.phase = "replaying the counterexample"
-        runs = 1 if observation.costly else REPLAYS
-        invariant = observation.violations[0].invariant
-        done = reproduced = 0
-        for again in self.run_many([observation.prepared.case] * runs, self.target, self.runner):
-            done += 1
-            reproduced += bool(again.violations) and again.violations[0].invariant == invariant
-            if again.costly and not observation.costly:
-                break
-        return Replays(done, reproduced)
-
-
-def _beside(cases, target, runner, twin, run_many):
-    """(observation on runner, observation on twin or None) per case, one case at a time on
-    both backends at once (the twin's in a thread: both mostly wait on their workers), so a
-    case that hangs on both costs one wait, and nothing is left in flight when the caller stops."""
-    for case in cases:
-        if twin is None:
-            yield next(iter(run_many([case], target, runner))), None
-            continue
-        theirs: list = []
-
-        def run_beside(case=case):
-            try:
-                theirs.append(next(iter(run_many([case], target, twin))))
-            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
-                theirs.append(exc)
-
-        thread = threading.Thread(target=run_beside, name="pcpcheck-twin", daemon=True)
-        thread.start()
-        try:
-            mine = next(iter(run_many([case], target, runner)))
-        finally:
-            thread.join()
-        if isinstance(theirs[0], BaseException):
-            raise theirs[0]
-        yield mine, theirs[0]
+        return replay(observation, self.target, self.runner, self.run_many)
 
 
 class _Stored(ExampleDatabase):
@@ -470,33 +395,6 @@ class _Stored(ExampleDatabase):
 
     def move(self, src: bytes, dest: bytes, value: bytes) -> None:
         pass
-
-
-def _reduced(observation: Observation, runner, target, run_many=run_cases, sizes=None,
-             on_attempt=None, budget: int = 400, seconds: float = 60.0) -> Observation:
-    """The counterexample after greedy reductions (reduce.smaller, to world sizes among `sizes`)
-    that keep its first violated invariant: hypothesis' shrink can stop in a local minimum. At
-    most `budget` cases and `seconds`; a case that hangs or kills its worker ends them."""
-    invariant = observation.violations[0].invariant
-    deadline = time.perf_counter() + seconds
-    attempts, improved = 0, True
-    while improved:
-        improved = False
-        for case in smaller(observation.prepared.case, sizes):
-            if attempts >= budget or time.perf_counter() > deadline:
-                return observation
-            attempts += 1
-            if on_attempt is not None:
-                on_attempt(attempts)
-            candidate = next(iter(run_many([case], target, runner)))
-            if candidate.costly:
-                observation.note = (f"reductions stopped after {attempts} attempts: attempt "
-                                    f"{attempts} hung or killed its worker")
-                return observation
-            if candidate.violations and candidate.violations[0].invariant == invariant:
-                observation, improved = candidate, True
-                break
-    return observation
 
 
 def _size(observation: Observation) -> tuple:

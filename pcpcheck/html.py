@@ -186,6 +186,17 @@ def index_page(result, pages: list[tuple[str, object]]) -> str:
     cases = "".join(f"<td>{s.cases}</td>" for s in result.regimes)
     body.append(f'<h2>Verdict per regime</h2><table class="grid"><tr><th></th>{header}</tr>'
                 f"<tr><th>cases</th>{cases}</tr>{''.join(rows)}</table>")
+    covered = [s for s in result.regimes if s.branches or s.features]
+    if covered:  # what the cases exercised, 0 where none did (pcpcheck.coverage)
+        names = [(f"branch {b}", "branches", b) for b, _ in covered[0].branches]
+        names += [(f, "features", f) for f, _ in covered[0].features]
+        lines = "".join(
+            f"<tr><th>{html.escape(name)}</th>"
+            + "".join(f"<td>{dict(getattr(s, kind)).get(key, 0)}</td>" for s in covered) + "</tr>"
+            for name, kind, key in names)
+        head = "".join(f"<th>{html.escape(s.regime)}</th>" for s in covered)
+        body.append(f'<h2>Coverage (cases)</h2><table class="grid"><tr><th></th>{head}</tr>'
+                    f"{lines}</table>")
     return _page(f"pcpcheck: {result.target_name}", "".join(body))
 
 

@@ -110,14 +110,14 @@ class Prepared:
 
 
 def prepare(case: Case) -> Prepared:
-    tokens, slot_maps, nds, shard, owned, labels = _plan(case.batch)
+    tokens, slot_maps, nds, shard, owned, labels = plan(case.batch)
     per_tensor = [contents(tokens, k, spec.row_bytes) for k, spec in enumerate(case.tensors)]
     sources = [[rows[rank] for rows in per_tensor] for rank in range(len(tokens))]
     expected = [dict(owned[rank % len(owned)]) for rank in range(len(tokens))]
     return Prepared(case, tokens, sources, list(slot_maps), list(nds), shard, expected, labels)
 
 
-def _plan(batch: Batch) -> tuple:
+def plan(batch: Batch) -> tuple:
     """What a case's preparation takes from its batch alone, the reference's layout and caches:
     (tokens, slot maps, nds, shard, the caches each DCP rank must hold, sorted labels). Batches
     recur (hypothesis draws a batch again with other tensors, and shrinks by small steps), so

@@ -53,6 +53,19 @@ def _add_search(parser: argparse.ArgumentParser, max_examples: int, unit: str) -
                         help="write the result as JSON (schema: docs/json-schema.md)")
 
 
+def _add_ci_outputs(parser: argparse.ArgumentParser) -> None:
+    """What `check` and `vllm` write for CI besides --json, and the known violations."""
+    parser.add_argument("--junit", metavar="FILE",
+                        help="write a JUnit XML report: one test case per regime x invariant")
+    parser.add_argument("--summary", metavar="FILE",
+                        help="write the verdict table as Markdown (a CI job summary)")
+    parser.add_argument("--html", metavar="DIR",
+                        help="write a page per counterexample and a summary page into DIR")
+    parser.add_argument("--baseline", metavar="FILE",
+                        help="known violations, one 'REGIME INVARIANT' per line (# comments): "
+                             "they do not fail the run; listed ones no longer found are reported")
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -84,6 +97,19 @@ def _add_backend(parser: argparse.ArgumentParser) -> None:
                         help="threads backend: put every tensor and the cache write on this device")
 
 
+def _add_exhaustive(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--exhaustive", action="store_true",
+                        help="check every step within --scope, each once, smallest first (the "
+                             "first violation is a smallest one: no shrinking), instead of "
+                             "--max-examples random cases")
+    parser.add_argument("--scope", metavar="KEY=VALUE,...",
+                        help="--exhaustive's bounds: ranks=A..B or A/B/C, requests=N, tokens=N "
+                             "(per request), context=N, block-sizes=A/B/C, interleaves=A/B, "
+                             "graph=N (rows past the widest rank), dp=N (draft DP padding); "
+                             "unnamed keys keep the default (ranks=2/3/4,requests=2,tokens=4,"
+                             "context=1,block-sizes=1/2/4,interleaves=1/2,graph=1,dp=1)")
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line's parser (pcpcheck.cli's commands; torchrun's rank entry takes `check`'s)."""
     parser = _Parser(prog="pcpcheck", description=DESCRIPTION)
@@ -103,15 +129,10 @@ def parser() -> argparse.ArgumentParser:
                        help="threads backend: regimes searched by N driver processes at once, "
                             "each with its own worker (default: one per two cores); the "
                             "result does not depend on it")
-    check.add_argument("--junit", metavar="FILE",
-                       help="write a JUnit XML report: one test case per regime x invariant")
-    check.add_argument("--html", metavar="DIR",
-                       help="write a page per counterexample and a summary page into DIR")
-    check.add_argument("--baseline", metavar="FILE",
-                       help="known violations, one 'REGIME INVARIANT' per line (# comments): "
-                            "they do not fail the run; listed ones no longer found are reported")
+    _add_ci_outputs(check)
     check.add_argument("--replay", metavar="CASE_JSON",
                        help="judge this one case (as printed in a counterexample's replay line)")
+    _add_exhaustive(check)
     diff = commands.add_parser("diff", help="compare two versions of the gather on the same cases")
     diff.add_argument("old")
     diff.add_argument("new")
@@ -127,10 +148,12 @@ def _add_vllm(commands) -> None:
     _add_search(vllm, DEFAULT_RELEASE_EXAMPLES, "steps")
     vllm.add_argument("--budget", type=_positive_float, metavar="SECONDS",
                       help="wall-clock limit across all regimes")
+    _add_ci_outputs(vllm)
     vllm.add_argument("--empty-steps", action="store_true",
                       help="also draw steps with no scheduled token (a hazard: the model "
                            "runner never runs them)")
     vllm.add_argument("--replay", metavar="CASE_JSON", help="judge this one step")
+    _add_exhaustive(vllm)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -145,6 +168,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.regimes = tuple(dict.fromkeys(args.regime))
     if not 0 < args.timeout < float("inf"):  # nan fails both comparisons
         raise UsageError(f"--timeout must be positive and finite (seconds), got {args.timeout}")
+    if args.command in ("check", "vllm") and args.replay and (args.exhaustive or args.scope):
+        raise UsageError("--replay judges one case; --exhaustive and --scope search a scope")
     if args.command in ("check", "vllm") and args.replay:  # malformed: exit 2 before anything starts
         from pcpcheck.api import read_case
         try:

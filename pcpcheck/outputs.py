@@ -1,4 +1,5 @@
-"""The files a command writes besides its report: `--json`, `--junit`, `--html`, `--repro-dir`.
+"""The files a command writes besides its report: `--json`, `--junit`, `--summary`, `--html`,
+`--repro-dir`.
 Each path is checked before the run (a usage error at once), each written after it, and the
 command says where; a write that fails is printed and never hides the verdict."""
 
@@ -10,7 +11,7 @@ import sys
 
 from pcpcheck.shared.errors import UsageError
 
-_FILES = ("json", "junit")
+_FILES = ("json", "junit", "summary")
 _DIRS = ("html", "repro_dir")
 
 
@@ -42,7 +43,7 @@ def check_outputs(args) -> None:
 
 
 def write_outputs(args, result) -> None:
-    """Write each output asked for (a CheckResult: all four; a DiffResult: --json) and say where;
+    """Write each output asked for (a CheckResult: all five; a DiffResult: --json) and say where;
     say why any failed, and that the verdict stands."""
     failed = 0
 
@@ -73,6 +74,10 @@ def write_outputs(args, result) -> None:
     if getattr(args, "junit", None):
         from pcpcheck.junit import junit_xml
         attempt("junit", lambda path: _write_text(path, junit_xml(result)), lambda path: path)
+    if getattr(args, "summary", None):
+        from pcpcheck.summary import summary_markdown
+        attempt("summary", lambda path: _write_text(path, summary_markdown(result)),
+                lambda path: path)
     if failed:
         print(f"pcpcheck: the verdict above stands (exit {result.exit_code}); {failed} "
               "output(s) not written", file=sys.stderr)

@@ -97,7 +97,7 @@ def call_text(observation, target=None) -> str:
 def counterexample(observation, regime: str, source: str,
                    function: str | None = None, target=None, replays=None) -> str:
     """`target`: the loaded target's metadata (what it was called with); `replays`
-    (engine.Replays): how often the case showed the violation again, if replayed."""
+    (minimize.Replays): how often the case showed the violation again, if replayed."""
     first = observation.violations[0]
     prepared = observation.prepared
     hazard = " [hazard]" if regime in HAZARD_REGIMES else ""
@@ -190,11 +190,32 @@ def verdict_table(results, ids=GATHER_IDS) -> list[str]:
     return lines
 
 
+def coverage_table(results) -> list[str]:
+    """Per regime, the cases whose ranks took each gather branch and the cases that exercised
+    each layout feature (results.RegimeSummary.branches, .features): 0 is what was never
+    exercised."""
+    results = [r for r in results if r.branches or r.features]
+    if not results:
+        return []
+    rows = [(f"branch {b}", [dict(r.branches).get(b, 0) for r in results])
+            for b, _ in results[0].branches]
+    rows += [(f, [dict(r.features).get(f, 0) for r in results]) for f, _ in results[0].features]
+    head = max(len(name) for name, _ in rows) + 2
+    width = max(12, *(len(r.regime) + 2 for r in results))
+    lines = ["coverage (cases)".ljust(head) + "".join(r.regime.rjust(width) for r in results)]
+    lines += [name.ljust(head) + "".join(str(n).rjust(width) for n in counts)
+              for name, counts in rows]
+    return lines
+
+
 def result_text(result) -> str:
     """The whole report of a CheckResult as `pcpcheck check` and `pcpcheck vllm` print it: the
     verdict table, each shown counterexample, and the summary lines."""
     ids = RELEASE_IDS if result.release is not None else GATHER_IDS
     lines = ["", *verdict_table(result.regimes, ids)]
+    covered = coverage_table(result.regimes)
+    if covered:
+        lines += ["", *covered]
     shown = [k for k, c in enumerate(result.counterexamples) if c.folded_into is None]
     if shown:
         lines += ["", LEGEND]
@@ -229,6 +250,8 @@ def result_text(result) -> str:
                 lines.append(f"  {s.regime:<12} {s.cases} steps: " + ", ".join(
                     f"{stage} {counts[stage]}" for stage in STAGES if stage in counts))
     lines += ["", f"all regimes: {rates(*result.regimes, wall=result.seconds)}: {summary}"]
+    if result.options.scope is not None:
+        lines.append(exhaustive_line(result, summary))
     if any(s.budget_reached for s in result.regimes):
         lines.append(f"budget of {result.options.budget_s:g} s reached; cases per regime: "
                      + ", ".join(f"{s.regime} {s.cases}" for s in result.regimes))
@@ -236,6 +259,21 @@ def result_text(result) -> str:
         lines.append(f"no longer found, remove from {result.baseline.path}: " + "; ".join(
             f"{regime} {invariant}" for regime, invariant in result.baseline.fixed))
     return "\n".join(lines)
+
+
+def exhaustive_line(result, summary: str) -> str:
+    """What an exhaustive check covered: the steps its scope holds and how many ran."""
+    from pcpcheck.scope import parse_scope
+    searched = [s for s in result.regimes if s.scope_steps is not None]
+    total, ran = sum(s.scope_steps for s in searched), sum(s.cases for s in searched)
+    within = f"within {parse_scope(result.options.scope).describe()}"
+    per_regime = " (" + ", ".join(f"{s.regime} {s.scope_steps:,}" for s in searched) + ")"
+    if all(s.complete for s in searched):
+        return f"exhaustive: {total:,} steps{per_regime} {within}: {summary}"
+    why = ("the budget ran out" if any(s.budget_reached for s in searched) else
+           "each regime stopped once the steps of its first violation's size were done: each "
+           "counterexample is a smallest step of its regime, found without shrinking")
+    return f"exhaustive: {ran:,} of {total:,} steps{per_regime} {within} checked: {why}"
 
 
 def release_header(record, name: str, stand_ins) -> list[str]:

@@ -42,6 +42,7 @@ class Options:
     function: str | None
     baseline: str | None
     empty_steps: bool = False  # pcpcheck vllm: also steps with no scheduled token (a hazard)
+    scope: str | None = None  # exhaustive: every step within this scope (--scope's KEY=VALUE,...)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,17 @@ class RegimeSummary:
     not_applicable: str | None = None  # why the target cannot reach this regime (nothing drawn)
     slowest_call: float = 0.0  # seconds of the slowest rank's call of any case
     mean_call: float = 0.0  # the slowest rank's call per case, on average
+    # What the cases exercised (pcpcheck.coverage), every branch and feature, 0 where none did:
+    # (branch letter, cases whose ranks took it), (layout feature, cases exercising it)
+    branches: tuple[tuple[str, int], ...] = ()
+    features: tuple[tuple[str, int], ...] = ()
+    scope_steps: int | None = None  # exhaustive: the steps the scope holds (`cases` of them ran)
     real_stages: tuple[tuple[str, int], ...] = ()  # `pcpcheck vllm`: stage -> steps run by the release's code
+
+    @property
+    def complete(self) -> bool:
+        """An exhaustive search that ran every step of its scope."""
+        return self.scope_steps is not None and self.cases == self.scope_steps
 
     @property
     def checked(self) -> dict[str, int]:
@@ -221,6 +232,8 @@ class CheckResult:
                 "cases": s.cases, "seconds": s.seconds, "check_seconds": s.check_seconds,
                 "budget_reached": s.budget_reached, "not_applicable": s.not_applicable,
                 "slowest_call": s.slowest_call, "mean_call": s.mean_call,
+                "coverage": {"branches": dict(s.branches), "features": dict(s.features)},
+                "scope_steps": s.scope_steps,
                 "real_stages": dict(s.real_stages),
                 "invariants": {c.invariant: {"checked": c.checked, "violated": c.violated}
                                for c in s.invariants}} for s in self.regimes},
@@ -260,6 +273,9 @@ class CheckResult:
                 tuple(InvariantCount(i, c["checked"], c["violated"])
                       for i, c in r["invariants"].items()), r["budget_reached"],
                 r.get("not_applicable"), r.get("slowest_call", 0.0), r.get("mean_call", 0.0),
+                tuple(r.get("coverage", {}).get("branches", {}).items()),
+                tuple(r.get("coverage", {}).get("features", {}).items()),
+                r.get("scope_steps"),
                 tuple(r.get("real_stages", {}).items()))
                 for regime, r in data["regimes"].items()),
             counterexamples=tuple(Counterexample(

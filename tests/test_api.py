@@ -150,6 +150,20 @@ def test_junit_has_a_case_per_regime_and_invariant(tmp_path, pcpcheck_check):
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("9", "1", "1")
 
 
+def test_summary_is_the_verdict_table_in_markdown(tmp_path, pcpcheck_check, capsys):
+    summary = tmp_path / "summary.md"
+    assert pcpcheck_check([UPSTREAM, "--regime", DRAFT_MIXED, "--max-examples", "60",
+                           "--summary", summary]) == 1
+    assert f"--summary: wrote {summary}" in capsys.readouterr().out
+    lines = summary.read_text().splitlines()
+    assert lines[0].endswith(": 1 new violation(s)") and lines[2] == f"| invariant | {DRAFT_MIXED} (hazard) |"
+    rows = dict(re.fullmatch(r"\| (\w+) \| (.*) \|", line).groups() for line in lines[4:4 + len(IDS)])
+    assert set(rows) == set(IDS) and rows[SHARD] == "n/a"
+    assert re.fullmatch(r"\d+/\d+ FAIL \*\*new\*\*", rows.pop(REPLICA))
+    assert all(re.fullmatch(r"\d+ ok", cell) for invariant, cell in rows.items() if invariant != SHARD)
+    assert any(line.startswith("- `REPLICA violated [hazard]") for line in lines)
+
+
 def test_version(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["--version"])
@@ -262,7 +276,7 @@ def test_progress_is_live_on_a_terminal_and_silent_otherwise(threads_backend):
 
 # --- outputs never mask the verdict ---------------------------------------------------------
 
-@pytest.mark.parametrize("option", ["--json", "--junit", "--repro-dir", "--html"])
+@pytest.mark.parametrize("option", ["--json", "--junit", "--summary", "--repro-dir", "--html"])
 def test_unusable_output_path_is_refused_before_the_run(option, tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

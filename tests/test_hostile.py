@@ -84,6 +84,9 @@ EXPECTED = {
     "deep_recursion.py": DIED,
     "die_rank1.py": DIED,
     "hang_rank1.py": DIED,
+    "segfault_rank1.py": DIED,
+    # Every call hangs: a search stops at the first case and scans its smaller ones
+    "hangs_every_call.py": Expect(1, COLLECTIVE, ANY_RANKS, args=SEARCH),
     # Cannot be loaded: exit 2, one line, in bounded time.
     "exit0_at_import.py": LOAD_ERROR,
     "loop_at_import.py": LOAD_ERROR,
@@ -438,3 +441,31 @@ def test_ctrl_c_in_the_first_instants_is_clean(command, delay, tmp_path):
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr and stderr.strip().splitlines()[-1:] == ["pcpcheck: interrupted"], stderr
     assert not _left_behind(process.pid, hostile)
+
+
+# Ctrl-C landing where Python handles it unusually, each with what pcpcheck's _main then does.
+INTERRUPTED_IN = {
+    # in exec() of a string (dataclasses build their methods so, torch's import runs many): a
+    # flag CPython keeps ends a `python -m` process by SIGINT at exit, even once handled (-2)
+    "exec": "exec('import os, signal, time\\nos.kill(os.getpid(), signal.SIGINT)\\ntime.sleep(60)')",
+    # in a weakref callback (as during an import): printed as "Exception ignored", then lost
+    "weakref callback": "_interrupted_in_callback()",
+}
+
+
+@pytest.mark.parametrize("where", INTERRUPTED_IN)
+def test_ctrl_c_where_python_cannot_raise_it_still_exits_130(where, tmp_path):
+    (tmp_path / "interrupted.py").write_text(
+        "import os, signal, time, weakref\n"
+        "from pcpcheck import cli\n"
+        "class Referent: pass\n"
+        "def _interrupted_in_callback():\n"
+        "    referent = Referent()\n"
+        "    ref = weakref.ref(referent, lambda _: (os.kill(os.getpid(), signal.SIGINT), time.sleep(1)))\n"
+        "    del referent\n"
+        "    return 0\n"
+        f"cli._main = lambda argv, prefork: {INTERRUPTED_IN[where]}\n"
+        "raise SystemExit(cli.command())\n")
+    done = subprocess.run([sys.executable, "-m", "interrupted"], capture_output=True, text=True,
+                          timeout=RUN_SECONDS, cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (130, "pcpcheck: interrupted\n")

@@ -128,3 +128,11 @@ def test_html_dir_that_cannot_be_made_is_refused_before_the_run(tmp_path, capsys
     code = main(["check", str(ZOO / "correct.py"), "--html", str(blocker / "pages")])
     assert code == 2
     assert "--html" in capsys.readouterr().err
+
+
+def test_index_shows_coverage_with_its_zeros(pages):
+    """What the regime's cases exercised, 0 where none did: sharded never interleaves."""
+    index = (pages / "index.html").read_text()
+    assert "<h2>Coverage (cases)</h2>" in index
+    assert "<tr><th>interleave 2</th><td>0</td></tr>" in index
+    assert re.search(r"<tr><th>branch B</th><td>[1-9]\d*</td></tr>", index)

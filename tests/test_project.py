@@ -53,6 +53,19 @@ def test_ci_runs_the_readme_test_command():
     assert "pip install torch==2.13.0 -e . && pcpcheck" in readme
 
 
+def test_the_version_lives_in_pyproject_and_the_changelog_records_it():
+    """One place for the version (pyproject.toml; --version and the JSON read the installed
+    metadata, tests/test_packaging.py checks both from the wheel); CHANGELOG.md's newest
+    released heading is that version."""
+    import tomllib
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    headings = re.findall(r"^## (\S+)", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert [h for h in headings if h != "Unreleased"][:1] == [version]
+    sources = [path for folder in ("pcpcheck", "spec", "reference", "impl")
+               for path in (ROOT / folder).rglob("*.py")]
+    assert not [path for path in sources if version in path.read_text()], "a second copy of the version"
+
+
 # Each statement's folder and the name it installs under (pyproject.toml's package-dir).
 IMPORT_NAME = {"spec": "pcpcheck_spec", "reference": "pcpcheck_reference", "impl": "pcpcheck_impl"}
 # What each statement may import besides the standard library and itself: names, never logic.

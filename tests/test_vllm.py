@@ -9,6 +9,7 @@ The release's code runs only in the backend's worker process, never in the drive
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 from pathlib import Path
@@ -235,3 +236,25 @@ def test_a_hanging_manager_gets_a_verdict(tmp_path, capsys):
     assert main(["vllm", str(root), "--replay", step, "--timeout", "1"]) == 1
     out = capsys.readouterr().out
     assert "did not return within 1 s" in out and "violated on rank(s)" in out
+
+
+def test_cli_writes_ci_outputs_and_honours_a_baseline(tmp_path, capsys):
+    """`pcpcheck vllm` writes what `pcpcheck check` writes for CI (the Action's outputs), and a
+    listed violation is known: exit 0, a skipped JUnit case, `(known)` in the summary."""
+    root = checkout(tmp_path, manager="bug13_decodes_not_prefix.py")
+    out = tmp_path / "out"
+    args = ["vllm", str(root), "--regime", "replicated", "--max-examples", "100", "--max-ranks", "3",
+            "--junit", str(out / "x.xml"), "--summary", str(out / "s.md"), "--html", str(out / "html")]
+    out.mkdir()
+    assert main(args) == 1
+    summary = (out / "s.md").read_text()
+    assert "| LAYOUT | " in summary and "FAIL **new**" in summary and "new violation(s)" in summary
+    assert '<failure type="LAYOUT"' in (out / "x.xml").read_text()
+    assert (out / "html" / "index.html").is_file() and len(list((out / "html").glob("*.html"))) > 1
+    baseline = tmp_path / "baseline"
+    # the manager's wrong layout also breaks the gather beside it: each violated ID is listed
+    baseline.write_text("replicated LAYOUT\nreplicated COLLECTIVE\nreplicated REPLICA\n")
+    assert main([*args, "--baseline", str(baseline)]) == 0
+    summary = (out / "s.md").read_text()
+    assert "FAIL (known)" in summary and "no violation outside the baseline" in summary
+    assert re.search(r'name="LAYOUT" [^>]*><skipped message="known violation', (out / "x.xml").read_text())

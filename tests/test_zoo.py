@@ -24,7 +24,7 @@ from pcpcheck.shared.case import Case, TensorSpec
 from pcpcheck.backends import make_backend
 from pcpcheck.judge import run_case
 from pcpcheck.cli import main
-from pcpcheck.engine import _reduced
+from pcpcheck.minimize import reduced as reduce_greedily
 from pcpcheck_spec.names import (COLLECTIVE, DCP, DEFAULT_REGIMES, DRAFT, DRAFT_MIXED, HAZARD_REGIMES,
                         PAD_HYGIENE, REGIMES, REPLICA, REPLICATED, RETURNS, SHARDED, UNIQUE, Batch,
                         Request)
@@ -181,7 +181,7 @@ def test_counterexample_is_reduced_past_hypothesis_local_minimum():
         target = backend.load(str(ZOO / "bug05_rows_padded_after_map.py"))
         observation = run_case(Case(large, TENSOR_SPECS[:3]), target, backend)
         assert observation.violations[0].invariant == PAD_HYGIENE
-        reduced = _reduced(observation, backend, target)
+        reduced = reduce_greedily(observation, target, backend)
     assert reduced.violations[0].invariant == PAD_HYGIENE
     assert _size(json.loads(reduced.prepared.case.to_json())) == (2, 1, 2)
     assert len(reduced.prepared.case.tensors) == 1

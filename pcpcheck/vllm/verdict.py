@@ -16,6 +16,7 @@ import shlex
 import pcpcheck_reference as reference
 from pcpcheck import report
 from pcpcheck.engine import RegimeResult, search
+from pcpcheck.exhaustive import exhaust
 from pcpcheck.shared.case import Case
 from pcpcheck.shared.messages import Capabilities, ReleaseInfo
 from pcpcheck.vllm.judge import ReleaseObservation, capabilities, run_release_cases
@@ -24,11 +25,17 @@ from pcpcheck_spec.names import DRAFT, DRAFT_REGIMES, LAYOUT, Batch
 
 def search_regime(release: ReleaseInfo, regime: str, backend, *, max_examples: int,
                   max_ranks: int, seed: int | None, empty_steps: bool, deadline=None,
-                  on_case=None, on_wait=None) -> RegimeResult:
-    """One regime of a release: not applicable (the reason from its code), or searched."""
+                  on_case=None, on_wait=None, scope=None) -> RegimeResult:
+    """One regime of a release: not applicable (the reason from its code), or searched (every
+    step of `scope`, a pcpcheck.scope.Scope, in the release's order when one is given)."""
     reason = capabilities(release).not_applicable.get(regime)
     if reason:
         return RegimeResult(regime, not_applicable=reason)
+    if scope is not None:
+        return exhaust(release, regime, backend, scope, deadline=deadline, on_case=on_case,
+                       on_wait=on_wait, run_many=run_release_cases,
+                       transform=functools.partial(era_case, caps=capabilities(release),
+                                                   empty_steps=empty_steps))
     return search(release, regime, backend, max_examples=max_examples, max_ranks=max_ranks,
                   derandomize=seed is None, seed=seed, deadline=deadline, on_case=on_case,
                   transform=functools.partial(era_case, caps=capabilities(release),

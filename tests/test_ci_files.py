@@ -1,0 +1,200 @@
+"""The files a vLLM pipeline uses: `action.yml` (the GitHub Action), `.pre-commit-hooks.yaml` and
+the Buildkite step of docs/ci.md. Each is parsed, and its commands run on this machine as the CI
+would run them: the Action's scripts with GitHub's shell and its inputs, outputs where the
+Action uploads them; the hooks through pre-commit itself; the Buildkite step's pcpcheck command."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fresh_env import ROOT, copy_tracked, make_venv, venv_env, vllm_checkout
+
+ACTION = yaml.safe_load((ROOT / "action.yml").read_text())
+HOOKS = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
+# the files of vLLM's PCP KV-cache path whose change triggers a check (docs/ci.md)
+PCP_FILES = ["vllm/v1/attention/ops/pcp.py", "vllm/model_executor/layers/attention/pcp.py",
+             "vllm/v1/worker/gpu/pcp_manager.py", "vllm/v1/worker/gpu/block_table.py",
+             "vllm/model_executor/layers/attention/mla_attention.py",
+             "vllm/model_executor/layers/sparse_attn_indexer.py", ".pcpcheck-baseline"]
+EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
+GITHUB_SHELL = ["bash", "--noprofile", "--norc", "-eo", "pipefail"]  # GitHub's `shell: bash`
+pytestmark = pytest.mark.xdist_group("ci-files")  # one venv for the module
+
+
+def steps_named() -> dict[str, dict]:
+    return {step.get("name") or step.get("uses"): step for step in ACTION["runs"]["steps"]}
+
+
+def test_the_action_declares_every_input_it_reads_and_keeps_expressions_out_of_scripts():
+    text = (ROOT / "action.yml").read_text()
+    used = set(re.findall(r"\binputs\.([\w-]+)", text))  # in ${{ }} and in bare `if:` conditions
+    assert used == set(ACTION["inputs"]), used ^ set(ACTION["inputs"])
+    assert all(spec.get("description") for spec in ACTION["inputs"].values())
+    assert ACTION["runs"]["using"] == "composite"
+    for step in ACTION["runs"]["steps"]:
+        assert "run" not in step or "${{" not in step["run"], step.get("name")
+    upload = steps_named()["actions/upload-artifact@v4"]
+    assert upload["if"] == "always()" and upload["with"]["path"] == "${{ inputs.output-dir }}"
+    assert ACTION["outputs"]["exit-code"]["value"] == "${{ steps.check.outputs.exit-code }}"
+
+
+def _evaluate(value: str, inputs: dict[str, str], action_path: Path) -> str:
+    def one(match) -> str:
+        expression = match.group(1)
+        if expression == "github.action_path":
+            return str(action_path)
+        assert expression.startswith("inputs."), expression
+        return inputs[expression.split(".", 1)[1]]
+    return EXPRESSION.sub(one, str(value))
+
+
+def run_step(name: str, venv: Path, cwd: Path, action_path: Path, **given: str) -> dict:
+    """The step's script as GitHub runs it: its env from the inputs (defaults, then `given`),
+    GITHUB_OUTPUT and GITHUB_STEP_SUMMARY files; returns the exit code, output and both files."""
+    step = steps_named()[name]
+    inputs = {key: str(spec.get("default", "")) for key, spec in ACTION["inputs"].items()}
+    inputs.update({key.replace("_", "-"): value for key, value in given.items()})
+    env = {key: _evaluate(value, inputs, action_path) for key, value in step.get("env", {}).items()}
+    files = {"GITHUB_OUTPUT": cwd / ".github_output", "GITHUB_STEP_SUMMARY": cwd / ".step_summary"}
+    for path in files.values():
+        path.write_text("")
+    script = cwd / ".step.sh"
+    script.write_text(step["run"])
+    done = subprocess.run([*GITHUB_SHELL, str(script)], capture_output=True, text=True, cwd=cwd,
+                          env=venv_env(venv, **env, **{k: str(v) for k, v in files.items()}),
+                          timeout=600)
+    outputs = dict(line.split("=", 1) for line in files["GITHUB_OUTPUT"].read_text().splitlines())
+    return {"code": done.returncode, "out": done.stdout + done.stderr, "outputs": outputs,
+            "summary": files["GITHUB_STEP_SUMMARY"].read_text()}
+
+
+@pytest.fixture(scope="module")
+def action(tmp_path_factory) -> tuple[Path, Path]:
+    """(venv, action_path): the Action's install step run in a fresh venv, installing pcpcheck
+    from a copy of this repository (the Action's checkout at its tag). The host's packages
+    stand in for the index (pip-args), as `pip install torch ...` would fetch them."""
+    base = tmp_path_factory.mktemp("action")
+    venv, action_path = make_venv(base / "venv"), copy_tracked(base / "action")
+    step = run_step("Install pcpcheck", venv, base, action_path,
+                    pip_args="--no-deps --no-build-isolation --no-index --quiet")
+    assert step["code"] == 0, step["out"][-3000:]
+    assert re.search(r"^pcpcheck \d+\.\d+", step["out"], re.M), step["out"][-3000:]
+    return venv, action_path
+
+
+def test_the_action_checks_a_checkout_and_writes_where_it_uploads(action, tmp_path):
+    venv, action_path = action
+    checkout = vllm_checkout(tmp_path / "vllm", manager="bug13_decodes_not_prefix.py")
+    step = run_step("pcpcheck vllm", venv, checkout, action_path, regimes="replicated",
+                    max_examples="100")
+    assert (step["code"], step["outputs"]) == (1, {"exit-code": "1"}), step["out"][-3000:]
+    out = checkout / ACTION["inputs"]["output-dir"]["default"]  # the upload step's path
+    for name in ("pcpcheck.json", "pcpcheck.xml", "summary.md", "report.txt", "html/index.html"):
+        assert (out / name).is_file(), name
+    assert "| LAYOUT | " in step["summary"] and "FAIL **new**" in step["summary"]
+    assert "::error::pcpcheck exited 1" in step["out"]
+    # the baseline input's default file, when the checkout has it, makes the violations known
+    (checkout / ".pcpcheck-baseline").write_text(
+        "replicated LAYOUT\nreplicated COLLECTIVE\nreplicated REPLICA\n")
+    step = run_step("pcpcheck vllm", venv, checkout, action_path, regimes="replicated",
+                    max_examples="100")
+    assert (step["code"], step["outputs"]) == (0, {"exit-code": "0"}), step["out"][-3000:]
+    assert "FAIL (known)" in step["summary"]
+
+
+def test_the_action_holds_on_a_correct_checkout_with_its_defaults(action, tmp_path):
+    venv, action_path = action
+    checkout = vllm_checkout(tmp_path / "vllm")
+    step = run_step("pcpcheck vllm", venv, checkout, action_path, max_examples="40")
+    assert (step["code"], step["outputs"]) == (0, {"exit-code": "0"}), step["out"][-3000:]
+    assert "every invariant holds" in step["summary"]
+    assert " --budget 900 " in step["out"].splitlines()[0] + " "
+
+
+def test_the_actions_mode_input(action, tmp_path):
+    venv, action_path = action
+    checkout = vllm_checkout(tmp_path / "vllm")
+    step = run_step("pcpcheck vllm", venv, checkout, action_path, mode="exhaustive")
+    assert " --exhaustive" in step["out"].splitlines()[0]  # pcpcheck's exhaustive search
+    step = run_step("pcpcheck vllm", venv, checkout, action_path, mode="sometimes")
+    assert (step["code"], step["outputs"]) == (2, {"exit-code": "2"})
+    assert "::error::pcpcheck: mode must be random or exhaustive, got 'sometimes'" in step["out"]
+
+
+def test_the_hooks_run_on_the_pcp_files_only():
+    assert [hook["id"] for hook in HOOKS] == ["pcpcheck", "pcpcheck-system"]
+    assert [hook["language"] for hook in HOOKS] == ["python", "system"]
+    for hook in HOOKS:
+        assert hook["pass_filenames"] is False and hook["entry"] == HOOKS[0]["entry"]
+        assert all(re.search(hook["files"], path) for path in PCP_FILES)
+        assert not any(re.search(hook["files"], path) for path in (
+            "vllm/v1/worker/gpu/model_runner.py", "tests/v1/attention/ops/pcp.py", "README.md"))
+    done = subprocess.run([sys.executable, "-m", "pre_commit", "validate-manifest",
+                           str(ROOT / ".pre-commit-hooks.yaml")], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd,
+                   check=True, capture_output=True, timeout=300)
+
+
+def test_pre_commit_runs_the_system_hook_in_a_vllm_checkout(action, tmp_path):
+    """pre-commit itself reads the hooks file of this repository (try-repo) and runs the hook
+    with the pcpcheck the Action installed on PATH: skipped for other files, a pass on a
+    correct checkout, a failure on a wrong layout."""
+    venv, action_path = action
+    _git(action_path, "init", "-q")
+    _git(action_path, "add", "-A")
+    _git(action_path, "commit", "-qm", "pcpcheck")
+    env = venv_env(venv, PRE_COMMIT_HOME=str(tmp_path / "pre-commit-home"))
+    for manager, files, expected in ((None, "README.md", 0), (None, PCP_FILES[2], 0),
+                                     ("bug13_decodes_not_prefix.py", PCP_FILES[2], 1)):
+        checkout = vllm_checkout(tmp_path / f"vllm-{manager}-{files.replace('/', '_')}", manager)
+        (checkout / "README.md").write_text("vLLM\n")
+        _git(checkout, "init", "-q")
+        _git(checkout, "add", "-A")
+        _git(checkout, "commit", "-qm", "vllm")
+        done = subprocess.run([sys.executable, "-m", "pre_commit", "try-repo", str(action_path),
+                               "pcpcheck-system", "--files", files], capture_output=True,
+                              text=True, cwd=checkout, env=env, timeout=600)
+        assert done.returncode == expected, done.stdout[-3000:] + done.stderr[-2000:]
+        assert ("(no files to check)Skipped" if files == "README.md"
+                else "Failed" if expected else "Passed") in done.stdout
+        if expected:  # the verdict's failure (exit 1), not a load error (exit 2)
+            assert "- exit code: 1" in done.stdout and "LAYOUT violated" in done.stdout
+
+
+def ci_doc_block(heading: str, language: str = "yaml") -> str:
+    text = (ROOT / "docs" / "ci.md").read_text().split(f"\n{heading}\n", 1)[1]
+    return text.split(f"```{language}\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_buildkite_step_triggers_on_the_pcp_files_and_its_command_runs(action, tmp_path):
+    venv, _ = action
+    (step,) = yaml.safe_load(ci_doc_block("## Buildkite"))
+    assert step["source_file_dependencies"] == PCP_FILES
+    checkout = vllm_checkout(tmp_path / "vllm")
+    (checkout / ".pcpcheck-baseline").write_text("# none known\n")
+    commands = [c for c in step["commands"] if c.startswith("pcpcheck ")]
+    assert commands
+    for command in commands:
+        command = command.replace("--budget 900", "--budget 900 --max-examples 30")
+        done = subprocess.run(shlex.split(command), capture_output=True, text=True, cwd=checkout,
+                              env=venv_env(venv), timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_the_github_workflow_of_docs_ci_triggers_on_the_pcp_files():
+    workflow = yaml.safe_load(ci_doc_block("## GitHub Actions"))
+    assert workflow[True]["pull_request"]["paths"] == PCP_FILES  # yaml reads `on` as True
+    uses = [s.get("uses", "") for s in workflow["jobs"]["pcpcheck"]["steps"]]
+    assert any(u.startswith("YOUR_ORG/pcpcheck@v") for u in uses)
