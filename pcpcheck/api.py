@@ -30,7 +30,7 @@ from pcpcheck.minimize import Replays
 from pcpcheck.jobs import budget_share, search_in_parallel
 from pcpcheck.results import (DEFAULT_MAX_EXAMPLES, DEFAULT_RELEASE_EXAMPLES, CheckResult,
                               Counterexample, DiffResult, Options, RegimeDiff, RegimeSummary,
-                              ReleaseRecord, Verdict, version)
+                              PathStage, ReleaseRecord, Verdict, version)
 from pcpcheck.shared.case import Case
 from pcpcheck.shared.errors import (CheckerError, InterfaceDrift, LoadError, SourceError,
                                     UsageError, WorkerError)
@@ -365,7 +365,8 @@ def release_record(release) -> ReleaseRecord:
     info = release.release
     return ReleaseRecord(info["release"], info["source"]["kind"], info["source"]["location"],
                          tuple(info["files"].items()), tuple(info["adapted"]),
-                         info["caps"]["era"], dict(info["caps"]))
+                         info["caps"]["era"], dict(info["caps"]),
+                         tuple(PathStage(**stage) for stage in info.get("paths") or ()))
 
 
 def check_steps(source, steps, *, timeout: float = 10.0, shrink: bool = True):

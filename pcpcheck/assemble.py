@@ -22,7 +22,8 @@ def summary(result) -> RegimeSummary:
                          round(result.call_seconds / result.cases, 4) if result.cases else 0.0,
                          tuple((b, result.branches[b]) for b in coverage.BRANCHES),
                          tuple((f, result.features[f]) for f in coverage.FEATURES),
-                         result.scope_steps)
+                         result.scope_steps,
+                         tuple(sorted(result.real_stages.items())))
 
 
 def result(source: str, target, options: Options, results, baseline: Baseline,

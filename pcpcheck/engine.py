@@ -94,6 +94,7 @@ class RegimeResult:
     slowest_call: float = 0.0  # seconds of the slowest rank's call of any case
     call_seconds: float = 0.0  # the slowest rank's call of each case, summed (mean: / cases)
     scope_steps: int | None = None  # exhaustive search: the steps its scope holds (else None)
+    real_stages: Counter = field(default_factory=Counter)  # a release's stage -> steps it ran
 
 
 def count_coverage(result: RegimeResult, observation: Observation) -> None:
@@ -225,6 +226,7 @@ class _Search:
         result.checked.update(observation.checked)
         result.violated.update(v.invariant for v in observation.violations)
         count_coverage(result, observation)
+        result.real_stages.update(getattr(observation, "real_stages", ()))
         if self.on_case is not None:
             self.on_case(result)
         if not observation.violations:

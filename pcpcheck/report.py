@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 
 from pcpcheck.cases import describe
+from pcpcheck.shared.messages import STAGES
 from pcpcheck_spec.names import DCP, HAZARD_REGIMES, INCOMPLETE, NO_ROW
 from pcpcheck_spec.registry import GATHER_IDS, RELEASE_IDS
 
@@ -241,6 +242,13 @@ def result_text(result) -> str:
                   f"{slowest.mean_call:.2f} s per case) of the {timeout:g} s a rank may take per "
                   "case: raise --timeout if a correct call can take longer, lower --max-examples "
                   "to finish sooner"]
+    if result.release is not None:
+        lines += ["", "steps run by the release's own code, per stage of the path table:"]
+        for s in result.regimes:
+            if s.not_applicable is None:
+                counts = dict(s.real_stages)
+                lines.append(f"  {s.regime:<12} {s.cases} steps: " + ", ".join(
+                    f"{stage} {counts[stage]}" for stage in STAGES if stage in counts))
     lines += ["", f"all regimes: {rates(*result.regimes, wall=result.seconds)}: {summary}"]
     if result.options.scope is not None:
         lines.append(exhaustive_line(result, summary))
@@ -280,6 +288,13 @@ def release_header(record, name: str, stand_ins) -> list[str]:
                  f"gather shard flag {'yes' if caps['gather_shard'] else 'no'}, wrapper keyword "
                  f"{caps['wrapper_shard_keyword'] or '-'}, graph padding "
                  f"{'yes' if caps['graph_padding'] else 'no'}")
+    if record.paths:
+        lines.append("  path (real: the release's own code runs; modeled: pcpcheck's restatement):")
+    for stage in record.paths:
+        where = (f"{stage.file}  {stage.sha256}" if stage.status == "real" else stage.reason)
+        lines.append(f"    {stage.stage:<27} {stage.status:<8} {where}")
+        if stage.status == "real" and stage.reason:
+            lines.append(f"    {'':<27} {'':<8} ({stage.reason})")
     if stand_ins:
         lines.append("  stood in for (inert): " + ", ".join(stand_ins))
     lines += [f"  adapted: {note}" for note in record.adapted]

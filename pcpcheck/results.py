@@ -68,6 +68,7 @@ class RegimeSummary:
     branches: tuple[tuple[str, int], ...] = ()
     features: tuple[tuple[str, int], ...] = ()
     scope_steps: int | None = None  # exhaustive: the steps the scope holds (`cases` of them ran)
+    real_stages: tuple[tuple[str, int], ...] = ()  # `pcpcheck vllm`: stage -> steps run by the release's code
 
     @property
     def complete(self) -> bool:
@@ -124,6 +125,18 @@ class BaselineOutcome:
 
 
 @dataclass(frozen=True)
+class PathStage:
+    """One stage of a release's PCP KV path: `real` (its `file`, with `sha256`, runs; `reason`
+    says where it does not reach) or `modeled` (pcpcheck's restatement; `reason` says why)."""
+
+    stage: str
+    status: str  # real | modeled
+    file: str | None
+    sha256: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
 class ReleaseRecord:
     """What `check_release` checked: a vLLM release's files, as its worker read them."""
 
@@ -134,6 +147,7 @@ class ReleaseRecord:
     adapted: tuple[str, ...]  # working stand-ins given and how pcpcheck adapted to the release
     layout_model: str  # the reference layout era that judged it (reference.ERAS)
     capabilities: dict = field(default_factory=dict)  # read from its code (vllm.release.Capabilities)
+    paths: tuple[PathStage, ...] = ()  # the path table, stage by stage
 
 
 @dataclass(frozen=True)
@@ -220,6 +234,7 @@ class CheckResult:
                 "slowest_call": s.slowest_call, "mean_call": s.mean_call,
                 "coverage": {"branches": dict(s.branches), "features": dict(s.features)},
                 "scope_steps": s.scope_steps,
+                "real_stages": dict(s.real_stages),
                 "invariants": {c.invariant: {"checked": c.checked, "violated": c.violated}
                                for c in s.invariants}} for s in self.regimes},
             "counterexamples": [{
@@ -260,7 +275,8 @@ class CheckResult:
                 r.get("not_applicable"), r.get("slowest_call", 0.0), r.get("mean_call", 0.0),
                 tuple(r.get("coverage", {}).get("branches", {}).items()),
                 tuple(r.get("coverage", {}).get("features", {}).items()),
-                r.get("scope_steps"))
+                r.get("scope_steps"),
+                tuple(r.get("real_stages", {}).items()))
                 for regime, r in data["regimes"].items()),
             counterexamples=tuple(Counterexample(
                 regime=c["regime"],
@@ -279,7 +295,8 @@ class CheckResult:
             release=None if data.get("release") is None else ReleaseRecord(**{
                 **data["release"], "files": tuple(data["release"]["files"].items()),
                 "adapted": tuple(data["release"]["adapted"]),
-                "capabilities": data["release"].get("capabilities", {})}))
+                "capabilities": data["release"].get("capabilities", {}),
+                "paths": tuple(PathStage(**stage) for stage in data["release"].get("paths", ()))}))
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ LAYERS = {
     "results": ("pcpcheck.results",),
     "transport": ("pcpcheck.backends", "pcpcheck.backends.*"),
     "worker": ("pcpcheck.worker", "pcpcheck.worker.*", "pcpcheck.vllm.release",
-               "pcpcheck.vllm.step", "pcpcheck.vllm.record"),  # record: runs inside vLLM
+               "pcpcheck.vllm.step", "pcpcheck.vllm.kernels", "pcpcheck.vllm.excerpts",
+               "pcpcheck.vllm.paths", "pcpcheck.vllm.record"),  # record: runs inside vLLM
     "shared": ("pcpcheck.shared", "pcpcheck.shared.*", "pcpcheck.vllm", "pcpcheck.vllm.source",
                "pcpcheck.vllm.inputs", "pcpcheck.vllm.recording"),
     "names": ("pcpcheck_spec", "pcpcheck_spec.names"),  # the vocabulary every statement shares

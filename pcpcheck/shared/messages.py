@@ -29,8 +29,14 @@ NOT_STARTED, RUNNING, WAITING, FINISHED = 0, 1, 2, 3
 # JSON (pcpcheck.vllm.source.Source.spec); the worker loads the release and runs
 # pcpcheck.vllm.step.rank_step on every rank.
 RELEASE = "<vllm release>"
+# The stages of a release's PCP KV path, in order (semantics section 10): the path table names
+# each real (the release's file runs it) or modeled (pcpcheck's restatement).
+BATCH_ORDER, SLOT_MAPPING, MANAGER_STAGE, SPLIT, WRAPPER, GATHER_STAGE, CACHE_WRITE = STAGES = (
+    "batch order", "block tables / slot mapping", "manager", "decode/prefill split", "wrapper",
+    "gather", "cache write")
 # What a worker sends back of a release's rank step, as plain data (tensors travel as bytes).
-STEP_FIELDS = ("layout", "tokens", "slot_map", "nd", "shard", "entry", "layout_error")
+STEP_FIELDS = ("layout", "tokens", "slot_map", "nd", "shard", "entry", "layout_error", "kernels",
+               "order", "split")
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,8 @@ class TargetInfo:
 @dataclass(frozen=True)
 class ReleaseInfo(TargetInfo):
     """A vLLM release as the worker that loaded it described it, in plain data: `release` holds
-    release, source (spec), files (relpath -> sha256), adapted, caps (Capabilities' fields)."""
+    release, source (spec), files (relpath -> sha256), adapted, caps (Capabilities' fields),
+    paths (the path table: per stage, real with its file and sha256 or modeled with why)."""
 
     release: dict = field(default_factory=dict)
 
@@ -92,6 +99,9 @@ class Capabilities:
     wrapper_shard_keyword: str | None  # the wrappers' shard keyword (pcp_shard_decode_requests)
     graph_padding: bool  # _build_batch_layout(padded_num_tokens=...)
     replicated_method: bool  # PCPManager.replicated_requests exists
+    # the second KV group drawn replicated under DCP: its BlockTables shards per group
+    # (`dcp_sharded`, 0.31 on) and runs (triton installed)
+    replicated_kv_group: bool = False
     not_applicable: dict[str, str] = field(default_factory=dict)  # regime -> reason
 
 

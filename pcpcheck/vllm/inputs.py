@@ -4,21 +4,39 @@ manager must build from it (pcpcheck.vllm.judge)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 import pcpcheck_reference as reference
-from pcpcheck_spec.names import PAD_SLOT_ID, Batch
+from pcpcheck_spec.names import REPLICATED, Batch
 
-# The second KV-cache group's map: the first group's slots moved by this many (a second block
-# table), so the 2-D path of `_convert_to_gathered_slot_mappings` is exercised per row.
-SECOND_GROUP_OFFSET = 1 << 20
+# The second KV-cache group's block table: the first group's block ids moved by this many, so
+# the 2-D path of `_convert_to_gathered_slot_mappings` (and of the slot kernel's grid) is
+# exercised per group.
+SECOND_GROUP_BLOCKS = 1 << 16
 
 
-def global_maps(batch: Batch, dcp_rank: int) -> np.ndarray:
-    """(2, N) global slot maps of two KV-cache groups as DCP rank `dcp_rank` computes them."""
-    first = reference.global_slots(batch, dcp_rank)
-    second = np.where(first >= 0, first + SECOND_GROUP_OFFSET, PAD_SLOT_ID)
-    return np.stack((first, second))
+def group_blocks(batch: Batch, second_replicated: bool = False
+                 ) -> list[tuple[tuple[int, ...], ...]]:
+    """Per request, its block table in each of the two KV-cache groups. A second group that is
+    replicated under DCP (`dcp_sharded` False: every rank holds every token at its global
+    position) has D blocks of B positions for each of the first group's blocks of B*D."""
+    size = reference.dcp_size(batch) if second_replicated else 1
+    return [(r.blocks, tuple(SECOND_GROUP_BLOCKS + b * size + k for b in r.blocks
+                             for k in range(size))) for r in batch.requests]
+
+
+def global_maps(batch: Batch, dcp_rank: int, second_replicated: bool = False) -> np.ndarray:
+    """(2, N) global slot maps of the two KV-cache groups as DCP rank `dcp_rank` computes them
+    (semantics section 3, per group's block table; a replicated second group as with D = 1)."""
+    second = dataclasses.replace(batch, requests=tuple(
+        dataclasses.replace(r, blocks=tables[1])
+        for r, tables in zip(batch.requests, group_blocks(batch, second_replicated))))
+    if second_replicated:
+        second = dataclasses.replace(second, regime=REPLICATED, interleave=1)
+    return np.stack((reference.global_slots(batch, dcp_rank),
+                     reference.global_slots(second, dcp_rank if not second_replicated else 0)))
 
 
 def step_arrays(batch: Batch):
@@ -30,3 +48,9 @@ def step_arrays(batch: Batch):
     starts = np.zeros(len(q) + 1, dtype=np.int32)
     np.cumsum(q, out=starts[1:])
     return q, computed, prefilling, starts
+
+
+def positions(batch: Batch) -> np.ndarray:
+    """Each token's sequence position, in batch order (its request's context, then onwards)."""
+    return np.array([r.context_len + k for r in batch.requests for k in range(r.num_tokens)],
+                    dtype=np.int64)

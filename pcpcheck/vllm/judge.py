@@ -5,6 +5,7 @@ worker)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,7 +13,8 @@ import numpy as np
 import pcpcheck_reference as reference
 from pcpcheck.judge import Observation, Prepared, RankView, Violation, judge, observe
 from pcpcheck.shared.case import Case, row_content
-from pcpcheck.shared.messages import Capabilities, ReleaseInfo, ReleaseStep
+from pcpcheck.shared.messages import (BATCH_ORDER, GATHER_STAGE, MANAGER_STAGE, SLOT_MAPPING,
+                                      SPLIT, WRAPPER, Capabilities, ReleaseInfo, ReleaseStep)
 from pcpcheck.vllm.inputs import global_maps
 from pcpcheck_spec.names import DCP, DRAFT_REGIMES, LAYOUT, RETURNS, SHARDED, Batch
 from pcpcheck_spec.registry import BY_ID
@@ -22,6 +24,7 @@ from pcpcheck_spec.registry import BY_ID
 class ReleaseObservation(Observation):
     layout_diffs: dict[int, list[str]] = field(default_factory=dict)  # manager rank -> lines
     entry: str = ""  # which release function the ranks called
+    real_stages: tuple[str, ...] = ()  # the path's stages that ran the release's code on this step
 
 
 def _prepared(case: Case, steps: list, fallback) -> Prepared:
@@ -86,8 +89,9 @@ def run_release_cases(cases, release: ReleaseInfo, backend):
 def judge_release_case(case: Case, results, release: ReleaseInfo) -> ReleaseObservation:
     """One step's ranks' reports judged: LAYOUT against the reference of the release's era,
     then every gather invariant."""
-    batch = case.batch
     steps = [_step(result) for result in results]
+    case, ordered = _in_release_order(case, steps)
+    batch = case.batch
     expanded = batch.regime not in DRAFT_REGIMES
     caps = capabilities(release)
     prepared = _prepared(case, [s if s and not s.get("layout_error") else None for s in steps],
@@ -105,7 +109,8 @@ def judge_release_case(case: Case, results, release: ReleaseInfo) -> ReleaseObse
                                   rows=[[] for _ in case.tensors]))
             continue
         if expanded and step is not None:
-            want = expected_view(batch, caps.era, rank, caps.replicated_method)
+            want = expected_view(batch, caps.era, rank, caps.replicated_method,
+                                 caps.replicated_kv_group)
             if not conforms(want, step["layout"]):
                 layout_bad.append(rank)
                 diffs[rank] = differences(want, step["layout"])
@@ -121,7 +126,41 @@ def judge_release_case(case: Case, results, release: ReleaseInfo) -> ReleaseObse
             if layout_bad:
                 violations.insert(0, Violation(LAYOUT, layout_bad))
     entry = next((s["entry"] for s in steps if s), "")
-    return ReleaseObservation(prepared, views, violations, checked, layout_diffs=diffs, entry=entry)
+    return ReleaseObservation(prepared, views, violations, checked, layout_diffs=diffs, entry=entry,
+                              real_stages=_real_stages(steps, expanded, entry, release, ordered))
+
+
+def _in_release_order(case: Case, steps: list) -> tuple[Case, bool]:
+    """The step as the release's own sort ordered it (the order its ranks report; every rank
+    runs the same sort on the same step), and whether one was reported. An order that is not a
+    permutation of the requests is not trusted: the step stays as drawn."""
+    order = next((s.get("order") for s in steps if s is not None and s.get("order") is not None),
+                 None)
+    requests = case.batch.requests
+    if not isinstance(order, list) or sorted(order) != list(range(len(requests))):
+        return case, False
+    batch = dataclasses.replace(case.batch, requests=tuple(requests[i] for i in order))
+    return dataclasses.replace(case, batch=batch), True
+
+
+def _real_stages(steps: list, expanded: bool, entry: str, release: ReleaseInfo,
+                 ordered: bool) -> tuple:
+    """The stages whose release code ran on this step (as its ranks report)."""
+    reported = [s for s in steps if s is not None]
+    if not reported:
+        return ()
+    stages = [BATCH_ORDER] if ordered else []
+    if expanded:
+        stages.append(MANAGER_STAGE)
+        if all(s.get("kernels") is True for s in reported):
+            stages.append(SLOT_MAPPING)
+        if all(s.get("split") is True for s in reported):
+            stages.append(SPLIT)
+    if entry and entry != release.function_name:
+        stages.append(WRAPPER)
+    if entry:
+        stages.append(GATHER_STAGE)
+    return tuple(stages)
 
 
 def capabilities(release: ReleaseInfo) -> Capabilities:
@@ -149,16 +188,20 @@ def reference_view(batch: Batch, era: str, with_replicated: bool = True) -> dict
     return view
 
 
-def expected_expanded(batch: Batch, era: str, dcp_rank: int) -> list[list[int]]:
+def expected_expanded(batch: Batch, era: str, dcp_rank: int,
+                      second_replicated: bool = False) -> list[list[int]]:
     lay = reference.layout(batch, era=era)
     return [reference.expand_slot_mapping(lay.gidx, lay.wmask, group).tolist()
-            for group in global_maps(batch, dcp_rank)]
+            for group in global_maps(batch, dcp_rank, second_replicated)]
 
 
-def expected_view(batch: Batch, era: str, rank: int, with_replicated: bool) -> dict:
-    """reference_view plus the expanded maps rank `rank`'s manager must build."""
+def expected_view(batch: Batch, era: str, rank: int, with_replicated: bool,
+                  second_replicated: bool = False) -> dict:
+    """reference_view plus the expanded maps rank `rank`'s manager must build (the second KV
+    group replicated under DCP where the release shards per group: Capabilities)."""
     view = reference_view(batch, era, with_replicated)
-    view["expanded"] = expected_expanded(batch, era, rank if batch.regime == DCP else 0)
+    view["expanded"] = expected_expanded(batch, era, rank if batch.regime == DCP else 0,
+                                         second_replicated)
     return view
 
 

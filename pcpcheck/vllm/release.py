@@ -25,7 +25,11 @@ import torch
 
 from pcpcheck.shared.errors import InterfaceDrift, LoadError
 from pcpcheck.shared.messages import Capabilities
-from pcpcheck.vllm.inputs import global_maps, step_arrays
+from pcpcheck.vllm.inputs import global_maps, positions, step_arrays
+from pcpcheck.vllm.excerpts import (BACKEND_UTILS, MODEL_RUNNER, SORT, SPLIT, check_sort,
+                                    load_function, rank_num_decode_tokens)
+from pcpcheck.vllm.kernels import BlockTablesPath, load_block_tables, through_kernels
+from pcpcheck.vllm.paths import path_table
 from pcpcheck.vllm.source import GATHERS, MANAGER, Source, from_spec, resolve
 from pcpcheck.worker.loader import _make_target, exec_source
 from pcpcheck.worker.standins import StandInSpace
@@ -74,8 +78,10 @@ def _host_to_device(data, *args, device=None, dtype=None, out=None, **kwargs):
 
 
 def _annotated(name: str) -> type:
-    """A real class for a type the manager file annotates with (annotations are evaluated)."""
-    return type(name, (), {"__module__": "pcpcheck.vllm.standin"})
+    """A real class for a type the manager file annotates with (annotations are evaluated);
+    constructed with any arguments (the manager builds InputBuffers when given its sizes)."""
+    return type(name, (), {"__module__": "pcpcheck.vllm.standin",
+                           "__init__": lambda self, *args, **kwargs: None})
 
 
 STAND_INS = {
@@ -102,6 +108,10 @@ class Release:
     caps: Capabilities
     stand_ins: list[str]  # vllm names stood in for (inert)
     adapted: list[str]  # working stand-ins provided, and how pcpcheck adapted to the release
+    kernels: BlockTablesPath  # the release's BlockTables, or why slot maps stay modeled
+    sort: object = None  # the release's sort_batch_req_ids, or None (the order stays 0.33's key)
+    split: object = None  # its split_decodes_and_prefills, or None (nd: the leading decode rows)
+    paths: list[dict] | None = None  # the path table (path_table): which stage runs the release's code
 
     @property
     def name(self) -> str:
@@ -251,9 +261,39 @@ def load_release(source: Source | str) -> Release:
         adapted.append("no PCPManager.replicated_requests: judged by the 0.26 layout model")
     if not caps.graph_padding:
         adapted.append("_build_batch_layout has no padded_num_tokens: no graph padding drawn")
-    release = Release(source, manager, gather_module, gather, caps, space.names, adapted)
+    kernels = _block_tables(source, manager, adapted)
+    if kernels.real and "dcp_sharded" in _params(kernels.block_tables.__init__):
+        caps.replicated_kv_group = True
+        adapted.append("BlockTables(dcp_sharded=[True, False]): the second KV group replicated "
+                       "under DCP (compared by LAYOUT; the gather invariants judge the first)")
+    sort, unsorted = load_function(source, MODEL_RUNNER, SORT)
+    if sort is not None:
+        check_sort(sort)
+    split, unsplit = load_function(source, BACKEND_UTILS, SPLIT)
+    release = Release(source, manager, gather_module, gather, caps, space.names, adapted, kernels,
+                      sort, split)
     _probe(release)
+    release.paths = path_table(source, gather_path, kernels.reason if not kernels.real else "",
+                               bool(wrappers), unsorted, unsplit)
     return release
+
+
+def _block_tables(source: Source, manager, adapted: list[str]) -> BlockTablesPath:
+    """The release's BlockTables feeding its manager's own prepare_slot_mappings, where the
+    manager takes them; else the slot maps stay the reference formula's, and the reason says so."""
+    kernels = load_block_tables(source)
+    if not kernels.real:
+        return kernels
+    init = _params(manager.__init__)
+    missing = [p for p in ("block_tables", "max_num_reqs", "max_num_tokens") if p not in init]
+    if missing or not hasattr(manager, "prepare_slot_mappings"):
+        why = (f"its PCPManager.__init__ has no {missing[0]!r}" if missing
+               else "its PCPManager has no prepare_slot_mappings")
+        return BlockTablesPath(None, f"{why}: the block tables cannot feed it")
+    adapted += kernels.adapted
+    adapted.append("PCPManager.partition_batch not run: prepare_slot_mappings reads the global "
+                   "batch's idx_mapping, query_start_loc, positions and num_tokens as given")
+    return kernels
 
 
 def _probe(release: Release) -> None:
@@ -282,32 +322,49 @@ def _leading_decodes(rows_of_requests: list[tuple[int, int]], prefilling) -> int
     return total
 
 
+def kernel_step(release, batch: Batch) -> bool:
+    """Whether this step's slot maps come from the release's own kernels."""
+    return release.kernels.real and through_kernels(batch, reference.dcp_size(batch))
+
+
 def make_manager(release, batch: Batch, rank: int):
-    """Rank `rank`'s PCPManager for the step's regime, on CPU."""
+    """Rank `rank`'s PCPManager for the step's regime, on CPU, with the release's own block
+    tables for the step where they run (kernel_step)."""
+    dcp_size, dcp_rank = reference.dcp_size(batch), rank if batch.regime == DCP else 0
     kwargs = dict(pcp_world_size=batch.pcp_size, pcp_rank=rank, device=torch.device("cpu"),
-                  dcp_world_size=reference.dcp_size(batch), dcp_rank=rank if batch.regime == DCP else 0)
+                  dcp_world_size=dcp_size, dcp_rank=dcp_rank)
     if "cp_interleave" in release.manager_params:
         kwargs["cp_interleave"] = batch.interleave
     if release.caps.manager_shards:
         kwargs["shard_decode_requests"] = batch.regime == SHARDED
+    if kernel_step(release, batch):
+        max_tokens = max(sum(r.num_tokens for r in batch.requests), batch.graph_size, 1)
+        kwargs.update(max_num_reqs=max(len(batch.requests), 1), max_num_tokens=max_tokens,
+                      block_tables=release.kernels.for_step(
+                          batch, dcp_size, dcp_rank, max_tokens, release.caps.replicated_kv_group))
     return release.manager(**kwargs)
 
 
-def manager_view(release, batch: Batch, rank: int) -> dict:
-    """What rank `rank`'s own manager lays out (every rank's rows, as this rank sees them)."""
+def manager_view(release, batch: Batch, rank: int) -> tuple[dict, list[int] | None]:
+    """What rank `rank`'s own manager lays out (every rank's rows, as this rank sees them; its
+    `num_decode_tokens` are the layout's leading decode rows, which LAYOUT compares), and each
+    rank's num_decode_tokens from the release's own split (None where it has none)."""
     manager = make_manager(release, batch, rank)
     q, computed, prefilling, starts = step_arrays(batch)
     kwargs = {}
     if batch.graph_size and release.caps.graph_padding:
         kwargs["padded_num_tokens"] = batch.graph_size
     segments_by_rank, _ = manager._build_batch_layout(q, computed, prefilling, starts, **kwargs)
-    rows, nds = [], []
+    rows, nds, split_nds = [], [], []
     for segments in segments_by_rank:
         ordered = sorted(segments, key=lambda s: s.rank_local_batch_slice.start)
         rows.append([t for s in ordered
                      for t in range(s.global_batch_slice.start, s.global_batch_slice.stop)])
         nds.append(_leading_decodes([(s.global_batch_req_idx, s.num_tokens) for s in ordered],
                                     prefilling))
+        if release.split is not None:  # the attention builder's nd, which the gather is given
+            split_nds.append(rank_num_decode_tokens(release.split, [
+                (s.num_tokens, bool(prefilling[s.global_batch_req_idx])) for s in ordered]))
     gidx = _plain(manager._padded_gather_idx)
     view = {
         "rows": rows,
@@ -319,10 +376,18 @@ def manager_view(release, batch: Batch, rank: int) -> dict:
     }
     if release.caps.replicated_method:
         view["replicated"] = [bool(v) for v in manager.replicated_requests(q, prefilling)]
-    maps = torch.from_numpy(global_maps(batch, rank if batch.regime == DCP else 0))
-    expanded = manager._convert_to_gathered_slot_mappings(maps)
+    if kernel_step(release, batch):  # the release's kernels compute the global maps
+        manager._global_batch = SimpleNamespace(
+            idx_mapping=torch.arange(len(q), dtype=torch.int32),
+            query_start_loc=torch.from_numpy(starts.astype(np.int32)),
+            positions=torch.from_numpy(positions(batch)), num_tokens=int(starts[-1]))
+        expanded = manager.prepare_slot_mappings()
+    else:  # the reference formula's global maps (semantics section 3)
+        maps = torch.from_numpy(global_maps(batch, rank if batch.regime == DCP else 0,
+                                            release.caps.replicated_kv_group))
+        expanded = manager._convert_to_gathered_slot_mappings(maps)
     view["expanded"] = [[int(v) for v in row] for row in _plain(expanded)]
-    return view
+    return view, split_nds or None
 
 
 def _plain(value) -> list:

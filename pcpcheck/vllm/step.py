@@ -1,6 +1,7 @@
-"""One rank's step of a vLLM release, in the worker (release code runs only here): its own
-PCPManager lays the step out, then the release's gather runs through its MLA or indexer wrapper
-with real collectives.
+"""One rank's step of a vLLM release, in the worker (release code runs only here): the step in
+the release's own batch order (its sort_batch_req_ids, where it has one: `order`), its own
+PCPManager lays it out (with its own block tables and slot kernel where they run: `kernels`),
+then the release's gather runs through its MLA or indexer wrapper with real collectives.
 
 `rank_step(case_json, source_spec, rank)` runs in a worker process (pcpcheck.worker.main,
 release mode): plain data in (the case as JSON, the source as `Source.spec()`); it loads the
@@ -17,13 +18,16 @@ manager builds from the global map with `_convert_to_gathered_slot_mappings`).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
 import pcpcheck_reference as reference
 from pcpcheck.shared.case import Case, as_tensor, pad_label, row_content
-from pcpcheck.vllm.release import (INDEXER_WRAPPER, MLA_WRAPPER, Release, manager_view,
-                                   release_from_spec)
+from pcpcheck.vllm.excerpts import step_order
+from pcpcheck.vllm.release import (INDEXER_WRAPPER, MLA_WRAPPER, Release, kernel_step,
+                                   manager_view, release_from_spec)
 from pcpcheck.worker.runner import CollectiveAborted, RankOutcome
 from pcpcheck_spec.names import DRAFT_REGIMES, SHARDED
 
@@ -60,13 +64,24 @@ def rank_inputs(case: Case, release: Release, rank: int) -> dict:
         return {"layout": None, "tokens": lay.tokens[rank].tolist(),
                 "slot_map": lay.slot_maps[rank].tolist(),
                 "nd": int(lay.num_decode_tokens[rank]), "shard": False}
-    view = manager_view(release, batch, rank)
+    view, split_nds = manager_view(release, batch, rank)
     width, rows = view["width"], view["rows"][rank]
     if len(rows) > width:
         raise ValueError(f"rank {rank} holds {len(rows)} rows, more than the width {width}")
     tokens = rows + [pad_label(rank, j, width) for j in range(len(rows), width)]
     return {"layout": view, "tokens": tokens, "slot_map": view["expanded"][0],
-            "nd": view["num_decode_tokens"][rank], "shard": batch.regime == SHARDED}
+            "nd": (split_nds or view["num_decode_tokens"])[rank],
+            "shard": batch.regime == SHARDED, "split": split_nds is not None}
+
+
+def in_release_order(case: Case, release: Release) -> tuple[Case, list[int] | None]:
+    """The step in the release's own batch order (its sort_batch_req_ids), and that order as
+    indices into the drawn step's requests (None: the release has no sort to run)."""
+    if release.sort is None:
+        return case, None
+    order = step_order(release.sort, case.batch)
+    requests = tuple(case.batch.requests[i] for i in order)
+    return dataclasses.replace(case, batch=dataclasses.replace(case.batch, requests=requests)), order
 
 
 def rank_step(case_json: str, source_spec: dict, rank: int) -> dict:
@@ -74,8 +89,12 @@ def rank_step(case_json: str, source_spec: dict, rank: int) -> dict:
     case = Case.from_json(case_json)
     release = release_from_spec(source_spec)
     report = {"layout_error": None, "error": None, "error_detail": None, "value": None,
-              "inputs": None, "entry": _entry_name(release, len(case.tensors))}
+              "inputs": None, "entry": _entry_name(release, len(case.tensors)), "order": None,
+              "kernels": False, "split": False}
     try:
+        case, report["order"] = in_release_order(case, release)
+        report["kernels"] = (case.batch.regime not in DRAFT_REGIMES
+                             and kernel_step(release, case.batch))
         report.update(rank_inputs(case, release, rank))
     except Exception as exc:  # noqa: BLE001 - the release's manager failed on a well-formed step
         report["layout_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]

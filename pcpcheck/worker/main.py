@@ -165,7 +165,7 @@ class Worker:
             "function_name": release.gather.function_name,
             "release": {"release": release.source.release, "source": release.source.spec(),
                         "files": release.files, "adapted": list(release.adapted),
-                        "caps": asdict(release.caps)}})
+                        "caps": asdict(release.caps), "paths": release.paths}})
 
     # --- cases ------------------------------------------------------------------------------
     def cases(self, header: dict, blobs: list):

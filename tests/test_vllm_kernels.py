@@ -1,0 +1,184 @@
+"""`pcpcheck vllm` runs the release's own block tables and slot-mapping kernel (block_table.py,
+under triton's CPU interpreter), and its path table says which stage ran the release's code.
+
+Checkouts are built at test time from the 0.33.0 wheel (fetched as test_vllm.py fetches it;
+nothing of vLLM is committed), with one line of block_table.py's `_compute_slot_mappings_kernel`
+changed (bug class 15: an off-by-one in the DCP ownership test or in the local offset).
+Without triton these tests skip, except under CI=true (.ci/run installs pcpcheck[kernels]).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pcpcheck.api import check_release
+from pcpcheck.cli import main
+from pcpcheck.shared.messages import BATCH_ORDER, SLOT_MAPPING, SPLIT
+from pcpcheck.shared.errors import InterfaceDrift, SourceError
+from pcpcheck.vllm.excerpts import BACKEND_UTILS, MODEL_RUNNER, check_sort, step_order
+from pcpcheck.vllm.kernels import BLOCK_TABLE, BUFFER_UTILS, NO_TRITON
+from pcpcheck.vllm.source import GATHERS, MANAGER, fetch_release
+from pcpcheck_spec.names import COLLECTIVE, DCP, LAYOUT, REPLICATED, Batch, Request
+
+pytestmark = pytest.mark.xdist_group("vllm_0_33_0_wheel")
+
+FILES = (MANAGER, GATHERS[0], BLOCK_TABLE, BUFFER_UTILS, MODEL_RUNNER, BACKEND_UTILS,
+         "vllm/_version.py")
+# (file, a line of it, the same line with the off-by-one)
+OWNERSHIP = (BLOCK_TABLE,
+             "is_local = virtual_block_offsets // CP_INTERLEAVE % CP_SIZE == cp_rank",
+             "is_local = (virtual_block_offsets + 1) // CP_INTERLEAVE % CP_SIZE == cp_rank")
+LOCAL_OFFSET = (BLOCK_TABLE, "local_offsets = rounds * CP_INTERLEAVE + remainder",
+                "local_offsets = rounds * CP_INTERLEAVE + remainder + 1")
+# the replicated group (dcp_sharded False, 0.31 on) treated as sharded
+REPLICATED_GROUP_SHARDED = (BLOCK_TABLE, "is_local = ~sharded | is_local", "is_local = is_local")
+SORT_LOSES_ONE = (MODEL_RUNNER, "return sorted(num_tokens_per_req, key=key)",
+                  "return sorted(num_tokens_per_req, key=key)[1:]")
+SPLIT_ONE_MORE = (BACKEND_UTILS, "num_decode_tokens = query_start_loc[first_prefill].item()",
+                  "num_decode_tokens = query_start_loc[first_prefill].item() + 1")
+# A `triton` package first on a pcpcheck subprocess's PYTHONPATH hides the real one from it.
+HIDDEN_TRITON = 'raise ImportError("triton hidden by the test")\n'
+
+
+def _require_triton():
+    if importlib.util.find_spec("triton") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("triton is missing under CI: .ci/run installs pcpcheck[kernels]",
+                        pytrace=False)
+        pytest.skip("triton is not installed (pip install 'pcpcheck[kernels]')")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    try:
+        return fetch_release("0.33.0", tmp_path_factory.mktemp("wheel"))
+    except SourceError as exc:
+        pytest.fail(f"cannot fetch vllm==0.33.0 from the package registry: {exc}", pytrace=False)
+
+
+def checkout(wheel: Path, root: Path, change: tuple[str, str, str] | None = None) -> Path:
+    """The release's PCP files as a checkout, with `change` (file, old, new) made exactly once."""
+    with zipfile.ZipFile(wheel) as archive:
+        for relpath in FILES:
+            target = root / relpath
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(archive.read(relpath))
+    if change:
+        relpath, old, new = change
+        text = (root / relpath).read_text()
+        assert text.count(old) == 1, f"{old!r} is not once in {relpath}"
+        (root / relpath).write_text(text.replace(old, new))
+    return root
+
+
+@pytest.mark.parametrize("change", [OWNERSHIP, LOCAL_OFFSET, REPLICATED_GROUP_SHARDED],
+                         ids=["ownership", "local-offset", "replicated-group"])
+def test_an_off_by_one_in_the_slot_kernel_is_found(wheel, tmp_path, change):
+    """The manager's own prepare_slot_mappings runs the (changed) kernel: the expanded slot map
+    it builds differs from the reference's (LAYOUT, the manager's `expanded` field). The caches
+    need not show it too: the shrunk step's first KV group may land right by accident (a local
+    offset one past a request's last block reads a zero table entry), its second does not."""
+    _require_triton()
+    root = checkout(wheel, tmp_path / "checkout", change)
+    result = check_release(root, regimes=(DCP,), max_examples=40, max_ranks=2)
+    assert result.counterexamples and result.counterexamples[0].invariant == LAYOUT, \
+        result.verdicts()
+    report = result.counterexamples[0].report
+    assert "expanded           reference" in report, report
+    stage = next(p for p in result.release.paths if p.stage == SLOT_MAPPING)
+    digest = hashlib.sha256((root / BLOCK_TABLE).read_bytes()).hexdigest()
+    assert (stage.status, stage.file, stage.sha256) == ("real", BLOCK_TABLE, digest)
+    assert dict(result.regimes[0].real_stages)[SLOT_MAPPING] > 0
+    assert result.release.capabilities["replicated_kv_group"]  # 0.33 shards per KV group
+
+
+def test_the_cli_exits_1_on_the_changed_kernel_and_0_on_the_release(wheel, tmp_path, capsys):
+    _require_triton()
+    changed = checkout(wheel, tmp_path / "changed", OWNERSHIP)
+    options = ["--regime", "dcp", "--regime", "replicated", "--max-examples", "40",
+               "--max-ranks", "2"]
+    assert main(["vllm", str(changed), *options]) == 1
+    out = capsys.readouterr().out
+    assert "LAYOUT violated" in out
+    assert main(["vllm", str(checkout(wheel, tmp_path / "release")), *options]) == 0
+    out = capsys.readouterr().out
+    assert f"    {SLOT_MAPPING:<27} real     {BLOCK_TABLE}" in out, out
+
+
+def test_without_triton_the_kernel_stage_is_modeled_and_says_so(wheel, tmp_path):
+    """triton hidden from the worker: the header names the slot stage modeled and why, the
+    changed kernel is not run (so not found), and the run is otherwise the same check."""
+    hide = tmp_path / "hide" / "triton"
+    hide.mkdir(parents=True)
+    (hide / "__init__.py").write_text(HIDDEN_TRITON)
+    changed = checkout(wheel, tmp_path / "changed", OWNERSHIP)
+    done = subprocess.run([sys.executable, "-m", "pcpcheck.cli", "vllm", str(changed), "--regime",
+                           "dcp", "--max-examples", "20", "--max-ranks", "2", "--json",
+                           str(tmp_path / "out.json")], capture_output=True, text=True,
+                          timeout=1800, env={**os.environ, "PYTHONPATH": str(hide.parent)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = next(line for line in done.stdout.splitlines() if SLOT_MAPPING in line)
+    assert line.split(SLOT_MAPPING)[1].split()[:1] == ["modeled"] and NO_TRITON in line, line
+    paths = json.loads((tmp_path / "out.json").read_text())["release"]["paths"]
+    stage = next(p for p in paths if p["stage"] == SLOT_MAPPING)
+    assert stage["status"] == "modeled" and stage["reason"].startswith(NO_TRITON)
+    assert BLOCK_TABLE not in json.loads((tmp_path / "out.json").read_text())["release"]["files"]
+
+
+# a sort that loses a request fails the step's layout on every rank; a split one token long
+# gives ranks different nd for one prefill token (rank 1 holds none of it): their gathers differ
+@pytest.mark.parametrize("change, stage, invariant", [(SORT_LOSES_ONE, BATCH_ORDER, LAYOUT),
+                                                      (SPLIT_ONE_MORE, SPLIT, COLLECTIVE)],
+                         ids=["sort", "split"])
+def test_a_stage_reported_real_runs_the_release_code(wheel, tmp_path, change, stage, invariant):
+    """The path table's real batch order and split: the release's own function runs (changed,
+    the verdict changes; as shipped, it holds), named with the changed file's sha256."""
+    options = dict(regimes=(REPLICATED,), max_examples=40, max_ranks=2)
+    shipped = check_release(checkout(wheel, tmp_path / "release"), **options)
+    assert shipped.verdicts() == {REPLICATED: "holds"}
+    root = checkout(wheel, tmp_path / "changed", change)
+    result = check_release(root, **options)
+    assert result.counterexamples and result.counterexamples[0].invariant == invariant, \
+        result.verdicts()
+    row = next(p for p in result.release.paths if p.stage == stage)
+    digest = hashlib.sha256((root / change[0]).read_bytes()).hexdigest()
+    assert (row.status, row.file, row.sha256) == ("real", change[0], digest)
+    assert dict(shipped.regimes[0].real_stages)[stage] == shipped.regimes[0].cases
+
+
+def test_a_source_without_block_tables_names_the_stage_modeled():
+    result = check_release(Path(__file__).parent / "vllmlike" / "release", regimes=(REPLICATED,),
+                           max_examples=3, max_ranks=2)
+    stage = next(p for p in result.release.paths if p.stage == SLOT_MAPPING)
+    assert stage.status == "modeled" and stage.reason.startswith(f"{BLOCK_TABLE} is not in this")
+    assert [p.stage for p in result.release.paths if p.status == "real"] == [
+        "manager", "wrapper", "gather"]
+
+
+def test_the_release_sort_is_fed_by_its_parameter_names():
+    """0.26-0.28's sort takes no draft tokens, 0.29 on do (their keys as the wheels ship them);
+    a parameter pcpcheck cannot give is drift, one line."""
+    def sort_026(num_tokens_per_req, decode_query_len):
+        key = lambda r: ((num := num_tokens_per_req[r]) != decode_query_len, num)  # noqa: E731
+        return sorted(num_tokens_per_req, key=key)
+
+    def sort_029(num_tokens_per_req, draft_tokens, decode_query_len):
+        key = lambda r: (not draft_tokens.get(r),  # noqa: E731
+                         (num := num_tokens_per_req[r]) != decode_query_len, num)
+        return sorted(num_tokens_per_req, key=key)
+
+    step = Batch(REPLICATED, 2, (Request(3, True, 0, (0,)), Request(1, False, 0, (1,)),
+                                 Request(2, False, 0, (2,))), 16)
+    assert step_order(sort_026, step) == [1, 2, 0]
+    assert step_order(sort_029, step) == [2, 1, 0]  # the decode with a draft token first
+    with pytest.raises(InterfaceDrift, match="takes 'spec_config'"):
+        check_sort(lambda num_tokens_per_req, spec_config: [])
