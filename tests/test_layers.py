@@ -22,7 +22,7 @@ LAYERS = {
              "pcpcheck.pytest_plugin", "pcpcheck.torchrun", "pcpcheck.torchrun.*"),
     "render": ("pcpcheck.progress", "pcpcheck.outputs", "pcpcheck.html", "pcpcheck.junit",
                "pcpcheck.summary", "pcpcheck.repro"),
-    "api": ("pcpcheck.api", "pcpcheck.assemble"),
+    "api": ("pcpcheck.api", "pcpcheck.runs", "pcpcheck.releases", "pcpcheck.assemble"),
     "search": ("pcpcheck.engine", "pcpcheck.minimize", "pcpcheck.exhaustive", "pcpcheck.jobs",
                "pcpcheck.vllm.verdict", "pcpcheck.vllm.steps"),
     "text": ("pcpcheck.report",),
