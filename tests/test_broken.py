@@ -8,6 +8,7 @@ is what benchmarks/broken_targets.py prints: here the verdicts and the cases run
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -45,8 +46,9 @@ def test_a_target_that_hangs_or_crashes_on_every_call_costs_two_cases_a_regime(
         assert first["note"].startswith("shrunk in ") and "its replay ran beside it" in first["note"]
     printed = capsys.readouterr().out
     if function == "hangs":  # what the time goes to, said while it goes
-        assert f"  {SHARDED:<12} rank 0 has run 1 s of its 2 s timeout (generating, case 1); " \
-               "waiting for it" in printed, printed
+        # the seconds said depend on when the wait was first noticed (a loaded machine: later)
+        assert re.search(rf"  {SHARDED:<12} rank 0 has run \d s of its 2 s timeout \(generating, "
+                         r"case 1\); waiting for it", printed), printed
         assert "(looking for the smallest case that shows it again, attempt 1); waiting" in printed
 
 
