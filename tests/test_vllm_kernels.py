@@ -41,6 +41,9 @@ LOCAL_OFFSET = (BLOCK_TABLE, "local_offsets = rounds * CP_INTERLEAVE + remainder
                 "local_offsets = rounds * CP_INTERLEAVE + remainder + 1")
 # the replicated group (dcp_sharded False, 0.31 on) treated as sharded
 REPLICATED_GROUP_SHARDED = (BLOCK_TABLE, "is_local = ~sharded | is_local", "is_local = is_local")
+# a dummy request (idx_mapping == -1, 0.31 on) no longer masked in the slots the kernel writes
+DUMMY_UNMASKED = (BLOCK_TABLE, "slot_ids = tl.where(mapping_enabled & is_real_req, slot_ids, PAD_ID)",
+                  "slot_ids = tl.where(mapping_enabled, slot_ids, PAD_ID)")
 SORT_LOSES_ONE = (MODEL_RUNNER, "return sorted(num_tokens_per_req, key=key)",
                   "return sorted(num_tokens_per_req, key=key)[1:]")
 SPLIT_ONE_MORE = (BACKEND_UTILS, "num_decode_tokens = query_start_loc[first_prefill].item()",
@@ -112,6 +115,22 @@ def test_the_cli_exits_1_on_the_changed_kernel_and_0_on_the_release(wheel, tmp_p
     assert main(["vllm", str(checkout(wheel, tmp_path / "release")), *options]) == 0
     out = capsys.readouterr().out
     assert f"    {SLOT_MAPPING:<27} real     {BLOCK_TABLE}" in out, out
+
+
+def test_a_kernel_that_stops_masking_dummy_requests_exits_1(wheel, tmp_path, capsys):
+    """0.33's slot kernel is given a step's graph padding as a dummy request (idx_mapping -1):
+    unmasked, the dummy writes slots (LAYOUT's dummy_slots); as shipped, it writes none."""
+    _require_triton()
+    changed = checkout(wheel, tmp_path / "changed", DUMMY_UNMASKED)
+    options = ["--regime", "dcp", "--regime", "replicated", "--max-examples", "40",
+               "--max-ranks", "2"]
+    assert main(["vllm", str(changed), *options]) == 1
+    out = capsys.readouterr().out
+    assert "LAYOUT violated" in out and "dummy_slots" in out, out
+    assert main(["vllm", str(checkout(wheel, tmp_path / "release")), *options]) == 0
+    result = check_release(checkout(wheel, tmp_path / "again"), regimes=(DCP,), max_examples=3,
+                           max_ranks=2)
+    assert result.release.capabilities["dummy_requests"]
 
 
 def test_without_triton_the_kernel_stage_is_modeled_and_says_so(wheel, tmp_path):

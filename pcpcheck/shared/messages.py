@@ -102,6 +102,9 @@ class Capabilities:
     # the second KV group drawn replicated under DCP: its BlockTables shards per group
     # (`dcp_sharded`, 0.31 on) and runs (triton installed)
     replicated_kv_group: bool = False
+    # its slot kernel masks dummy requests (`idx_mapping == -1`, 0.31 on): a step's graph
+    # padding rows then reach the kernel as one dummy request (pcpcheck.vllm.inputs)
+    dummy_requests: bool = False
     not_applicable: dict[str, str] = field(default_factory=dict)  # regime -> reason
 
 
