@@ -22,9 +22,12 @@ import pytest
 
 from pcpcheck.api import check_release
 from pcpcheck.cli import main
-from pcpcheck.shared.messages import BATCH_ORDER, SLOT_MAPPING, SPLIT
+from pcpcheck.shared.case import Case, TensorSpec
+from pcpcheck.shared.messages import BATCH_ORDER, SLOT_MAPPING, SPLIT, Capabilities
 from pcpcheck.shared.errors import InterfaceDrift, SourceError
-from pcpcheck.vllm.excerpts import BACKEND_UTILS, MODEL_RUNNER, check_sort, step_order
+from pcpcheck.vllm.excerpts import (BACKEND_UTILS, MODEL_RUNNER, PARALLEL_CONFIG, VLLM_CONFIG,
+                                    check_sort, step_order)
+from pcpcheck.vllm.verdict import era_case
 from pcpcheck.vllm.kernels import BLOCK_TABLE, BUFFER_UTILS, NO_TRITON
 from pcpcheck.vllm.source import GATHERS, MANAGER, fetch_release
 from pcpcheck_spec.names import COLLECTIVE, DCP, LAYOUT, REPLICATED, Batch, Request
@@ -33,6 +36,10 @@ pytestmark = pytest.mark.xdist_group("vllm_0_33_0_wheel")
 
 FILES = (MANAGER, GATHERS[0], BLOCK_TABLE, BUFFER_UTILS, MODEL_RUNNER, BACKEND_UTILS,
          "vllm/_version.py")
+CONFIGS = (PARALLEL_CONFIG, VLLM_CONFIG)
+# validate_block_size accepting the default interleave size alone
+DEFAULT_INTERLEAVE_ONLY = (VLLM_CONFIG, "block_size % self.parallel_config.cp_kv_cache_interleave_size == 0",
+                           "block_size == self.parallel_config.cp_kv_cache_interleave_size * 0 + 1")
 # (file, a line of it, the same line with the off-by-one)
 OWNERSHIP = (BLOCK_TABLE,
              "is_local = virtual_block_offsets // CP_INTERLEAVE % CP_SIZE == cp_rank",
@@ -68,10 +75,12 @@ def wheel(tmp_path_factory):
         pytest.fail(f"cannot fetch vllm==0.33.0 from the package registry: {exc}", pytrace=False)
 
 
-def checkout(wheel: Path, root: Path, change: tuple[str, str, str] | None = None) -> Path:
-    """The release's PCP files as a checkout, with `change` (file, old, new) made exactly once."""
+def checkout(wheel: Path, root: Path, change: tuple[str, str, str] | None = None,
+             more: tuple[str, ...] = ()) -> Path:
+    """The release's PCP files (and `more`) as a checkout, with `change` (file, old, new) made
+    exactly once."""
     with zipfile.ZipFile(wheel) as archive:
-        for relpath in FILES:
+        for relpath in FILES + more:
             target = root / relpath
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(archive.read(relpath))
@@ -201,3 +210,24 @@ def test_the_release_sort_is_fed_by_its_parameter_names():
     assert step_order(sort_029, step) == [2, 1, 0]  # the decode with a draft token first
     with pytest.raises(InterfaceDrift, match="takes 'spec_config'"):
         check_sort(lambda num_tokens_per_req, spec_config: [])
+
+
+def test_interleave_sizes_are_read_from_the_release_config(wheel, tmp_path):
+    """The interleave sizes drawn are those the release's config accepts: 0.33's default 1 and
+    every size dividing the block size (validate_block_size), read from its config files; a
+    config accepting its default alone has no interleave-2 step drawn (era_case maps it to 1)."""
+    shipped = check_release(checkout(wheel, tmp_path / "release", more=CONFIGS), regimes=(DCP,),
+                            max_examples=3, max_ranks=2)
+    caps = shipped.release.capabilities
+    assert (caps["interleave_default"], caps["interleave_divisors"]) == (1, True)
+    assert any(f"default 1 ({PARALLEL_CONFIG})" in note and "divide the block size accepted"
+               in note for note in shipped.release.adapted), shipped.release.adapted
+    narrow = check_release(checkout(wheel, tmp_path / "narrow", DEFAULT_INTERLEAVE_ONLY, CONFIGS),
+                           regimes=(DCP,), max_examples=3, max_ranks=2)
+    assert narrow.release.capabilities["interleave_divisors"] is False
+    step = Case(Batch(DCP, 2, (Request(3, True, 0, (0, 1)),), 2, 2), (TensorSpec((4,), "float32"),))
+    for divisors, drawn in ((True, 2), (False, 1)):
+        caps = Capabilities("0.30", True, True, None, True, True, interleave_divisors=divisors)
+        assert era_case(step, caps).batch.interleave == drawn
+    block_1 = Case(Batch(DCP, 2, (Request(3, True, 0, (0, 1, 2)),), 1, 2), step.tensors)
+    assert era_case(block_1, Capabilities("0.30", True, True, None, True, True)).batch.interleave == 1

@@ -27,7 +27,7 @@ from pcpcheck.shared.errors import InterfaceDrift, LoadError
 from pcpcheck.shared.messages import Capabilities
 from pcpcheck.vllm.inputs import dummy_tokens, global_maps, positions, step_arrays
 from pcpcheck.vllm.excerpts import (BACKEND_UTILS, MODEL_RUNNER, SORT, SPLIT, check_sort,
-                                    load_function, rank_num_decode_tokens)
+                                    interleave_rule, load_function, rank_num_decode_tokens)
 from pcpcheck.vllm.kernels import BlockTablesPath, load_block_tables, through_kernels
 from pcpcheck.vllm.paths import path_table
 from pcpcheck.vllm.source import GATHERS, MANAGER, Source, from_spec, resolve
@@ -271,6 +271,9 @@ def load_release(source: Source | str) -> Release:
         adapted.append("dummy requests: a step's graph padding rows reach the slot kernel as one "
                        "request with idx_mapping -1 after the real ones (positions 0, 1, ...); "
                        "its slots must all be -1 (LAYOUT's dummy_slots)")
+    caps.interleave_default, caps.interleave_divisors, note = interleave_rule(source)
+    adapted.append(f"interleave sizes drawn (dcp): the strategy's (1, 2; --scope interleaves=) "
+                   f"that this release accepts, else its default: {note}")
     sort, unsorted = load_function(source, MODEL_RUNNER, SORT)
     if sort is not None:
         check_sort(sort)
