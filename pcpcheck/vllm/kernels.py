@@ -43,11 +43,13 @@ ROW_SLACK = 8  # block-table entries past the longest request's blocks (zeros)
 CACHE_SIZE = 512  # filled BlockTables kept per worker process, by their exact step inputs
 # The interpreter runs a kernel's programs one by one (milliseconds each): a step goes through
 # the release's kernels when it has at most KERNEL_REQUESTS requests and its slot-kernel
-# programs over its distinct ranks (D ranks, each one per request plus the padding one) number
-# at most KERNEL_PROGRAMS; larger steps take the reference formula, and the report counts both.
-# A step's path depends only on the step, so replays and shrinking agree; shrunk steps are small.
-KERNEL_REQUESTS = 2
-KERNEL_PROGRAMS = 8
+# programs over its distinct ranks (D ranks, each one per request, one for a dummy request and
+# the padding one) number at most KERNEL_PROGRAMS; larger steps take the reference formula, and
+# the report counts both. A step's path depends only on the step, so replays and shrinking
+# agree; shrunk steps are small. 3 and 12 keep `pcpcheck vllm 0.33.0`'s defaults within 3
+# minutes on 2 shared cores (benchmarks/README.md, issue 20).
+KERNEL_REQUESTS = 3
+KERNEL_PROGRAMS = 12
 
 
 def through_kernels(batch: Batch, dcp_size: int, dummies: int = 0) -> bool:
