@@ -38,8 +38,9 @@ FILES = (MANAGER, GATHERS[0], BLOCK_TABLE, BUFFER_UTILS, MODEL_RUNNER, BACKEND_U
          "vllm/_version.py")
 CONFIGS = (PARALLEL_CONFIG, VLLM_CONFIG)
 # validate_block_size accepting the default interleave size alone
-DEFAULT_INTERLEAVE_ONLY = (VLLM_CONFIG, "block_size % self.parallel_config.cp_kv_cache_interleave_size == 0",
-                           "block_size == self.parallel_config.cp_kv_cache_interleave_size * 0 + 1")
+DEFAULT_INTERLEAVE_ONLY = (
+    VLLM_CONFIG, "block_size % self.parallel_config.cp_kv_cache_interleave_size == 0",
+    "block_size == self.parallel_config.cp_kv_cache_interleave_size * 0 + 1")
 # (file, a line of it, the same line with the off-by-one)
 OWNERSHIP = (BLOCK_TABLE,
              "is_local = virtual_block_offsets // CP_INTERLEAVE % CP_SIZE == cp_rank",
@@ -49,7 +50,8 @@ LOCAL_OFFSET = (BLOCK_TABLE, "local_offsets = rounds * CP_INTERLEAVE + remainder
 # the replicated group (dcp_sharded False, 0.31 on) treated as sharded
 REPLICATED_GROUP_SHARDED = (BLOCK_TABLE, "is_local = ~sharded | is_local", "is_local = is_local")
 # a dummy request (idx_mapping == -1, 0.31 on) no longer masked in the slots the kernel writes
-DUMMY_UNMASKED = (BLOCK_TABLE, "slot_ids = tl.where(mapping_enabled & is_real_req, slot_ids, PAD_ID)",
+DUMMY_UNMASKED = (BLOCK_TABLE,
+                  "slot_ids = tl.where(mapping_enabled & is_real_req, slot_ids, PAD_ID)",
                   "slot_ids = tl.where(mapping_enabled, slot_ids, PAD_ID)")
 SORT_LOSES_ONE = (MODEL_RUNNER, "return sorted(num_tokens_per_req, key=key)",
                   "return sorted(num_tokens_per_req, key=key)[1:]")
@@ -230,4 +232,5 @@ def test_interleave_sizes_are_read_from_the_release_config(wheel, tmp_path):
         caps = Capabilities("0.30", True, True, None, True, True, interleave_divisors=divisors)
         assert era_case(step, caps).batch.interleave == drawn
     block_1 = Case(Batch(DCP, 2, (Request(3, True, 0, (0, 1, 2)),), 1, 2), step.tensors)
-    assert era_case(block_1, Capabilities("0.30", True, True, None, True, True)).batch.interleave == 1
+    caps = Capabilities("0.30", True, True, None, True, True)
+    assert era_case(block_1, caps).batch.interleave == 1
