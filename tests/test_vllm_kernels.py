@@ -22,9 +22,12 @@ import pytest
 
 from pcpcheck.api import check_release
 from pcpcheck.cli import main
-from pcpcheck.shared.messages import BATCH_ORDER, SLOT_MAPPING, SPLIT
+from pcpcheck.shared.case import Case, TensorSpec
+from pcpcheck.shared.messages import BATCH_ORDER, SLOT_MAPPING, SPLIT, Capabilities
 from pcpcheck.shared.errors import InterfaceDrift, SourceError
-from pcpcheck.vllm.excerpts import BACKEND_UTILS, MODEL_RUNNER, check_sort, step_order
+from pcpcheck.vllm.excerpts import (BACKEND_UTILS, MODEL_RUNNER, PARALLEL_CONFIG, VLLM_CONFIG,
+                                    check_sort, step_order)
+from pcpcheck.vllm.verdict import era_case
 from pcpcheck.vllm.kernels import BLOCK_TABLE, BUFFER_UTILS, NO_TRITON
 from pcpcheck.vllm.source import GATHERS, MANAGER, fetch_release
 from pcpcheck_spec.names import COLLECTIVE, DCP, LAYOUT, REPLICATED, Batch, Request
@@ -33,6 +36,11 @@ pytestmark = pytest.mark.xdist_group("vllm_0_33_0_wheel")
 
 FILES = (MANAGER, GATHERS[0], BLOCK_TABLE, BUFFER_UTILS, MODEL_RUNNER, BACKEND_UTILS,
          "vllm/_version.py")
+CONFIGS = (PARALLEL_CONFIG, VLLM_CONFIG)
+# validate_block_size accepting the default interleave size alone
+DEFAULT_INTERLEAVE_ONLY = (
+    VLLM_CONFIG, "block_size % self.parallel_config.cp_kv_cache_interleave_size == 0",
+    "block_size == self.parallel_config.cp_kv_cache_interleave_size * 0 + 1")
 # (file, a line of it, the same line with the off-by-one)
 OWNERSHIP = (BLOCK_TABLE,
              "is_local = virtual_block_offsets // CP_INTERLEAVE % CP_SIZE == cp_rank",
@@ -41,6 +49,10 @@ LOCAL_OFFSET = (BLOCK_TABLE, "local_offsets = rounds * CP_INTERLEAVE + remainder
                 "local_offsets = rounds * CP_INTERLEAVE + remainder + 1")
 # the replicated group (dcp_sharded False, 0.31 on) treated as sharded
 REPLICATED_GROUP_SHARDED = (BLOCK_TABLE, "is_local = ~sharded | is_local", "is_local = is_local")
+# a dummy request (idx_mapping == -1, 0.31 on) no longer masked in the slots the kernel writes
+DUMMY_UNMASKED = (BLOCK_TABLE,
+                  "slot_ids = tl.where(mapping_enabled & is_real_req, slot_ids, PAD_ID)",
+                  "slot_ids = tl.where(mapping_enabled, slot_ids, PAD_ID)")
 SORT_LOSES_ONE = (MODEL_RUNNER, "return sorted(num_tokens_per_req, key=key)",
                   "return sorted(num_tokens_per_req, key=key)[1:]")
 SPLIT_ONE_MORE = (BACKEND_UTILS, "num_decode_tokens = query_start_loc[first_prefill].item()",
@@ -65,10 +77,12 @@ def wheel(tmp_path_factory):
         pytest.fail(f"cannot fetch vllm==0.33.0 from the package registry: {exc}", pytrace=False)
 
 
-def checkout(wheel: Path, root: Path, change: tuple[str, str, str] | None = None) -> Path:
-    """The release's PCP files as a checkout, with `change` (file, old, new) made exactly once."""
+def checkout(wheel: Path, root: Path, change: tuple[str, str, str] | None = None,
+             more: tuple[str, ...] = ()) -> Path:
+    """The release's PCP files (and `more`) as a checkout, with `change` (file, old, new) made
+    exactly once."""
     with zipfile.ZipFile(wheel) as archive:
-        for relpath in FILES:
+        for relpath in FILES + more:
             target = root / relpath
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(archive.read(relpath))
@@ -112,6 +126,22 @@ def test_the_cli_exits_1_on_the_changed_kernel_and_0_on_the_release(wheel, tmp_p
     assert main(["vllm", str(checkout(wheel, tmp_path / "release")), *options]) == 0
     out = capsys.readouterr().out
     assert f"    {SLOT_MAPPING:<27} real     {BLOCK_TABLE}" in out, out
+
+
+def test_a_kernel_that_stops_masking_dummy_requests_exits_1(wheel, tmp_path, capsys):
+    """0.33's slot kernel is given a step's graph padding as a dummy request (idx_mapping -1):
+    unmasked, the dummy writes slots (LAYOUT's dummy_slots); as shipped, it writes none."""
+    _require_triton()
+    changed = checkout(wheel, tmp_path / "changed", DUMMY_UNMASKED)
+    options = ["--regime", "dcp", "--regime", "replicated", "--max-examples", "40",
+               "--max-ranks", "2"]
+    assert main(["vllm", str(changed), *options]) == 1
+    out = capsys.readouterr().out
+    assert "LAYOUT violated" in out and "dummy_slots" in out, out
+    assert main(["vllm", str(checkout(wheel, tmp_path / "release")), *options]) == 0
+    result = check_release(checkout(wheel, tmp_path / "again"), regimes=(DCP,), max_examples=3,
+                           max_ranks=2)
+    assert result.release.capabilities["dummy_requests"]
 
 
 def test_without_triton_the_kernel_stage_is_modeled_and_says_so(wheel, tmp_path):
@@ -182,3 +212,25 @@ def test_the_release_sort_is_fed_by_its_parameter_names():
     assert step_order(sort_029, step) == [2, 1, 0]  # the decode with a draft token first
     with pytest.raises(InterfaceDrift, match="takes 'spec_config'"):
         check_sort(lambda num_tokens_per_req, spec_config: [])
+
+
+def test_interleave_sizes_are_read_from_the_release_config(wheel, tmp_path):
+    """The interleave sizes drawn are those the release's config accepts: 0.33's default 1 and
+    every size dividing the block size (validate_block_size), read from its config files; a
+    config accepting its default alone has no interleave-2 step drawn (era_case maps it to 1)."""
+    shipped = check_release(checkout(wheel, tmp_path / "release", more=CONFIGS), regimes=(DCP,),
+                            max_examples=3, max_ranks=2)
+    caps = shipped.release.capabilities
+    assert (caps["interleave_default"], caps["interleave_divisors"]) == (1, True)
+    assert any(f"default 1 ({PARALLEL_CONFIG})" in note and "divide the block size accepted"
+               in note for note in shipped.release.adapted), shipped.release.adapted
+    narrow = check_release(checkout(wheel, tmp_path / "narrow", DEFAULT_INTERLEAVE_ONLY, CONFIGS),
+                           regimes=(DCP,), max_examples=3, max_ranks=2)
+    assert narrow.release.capabilities["interleave_divisors"] is False
+    step = Case(Batch(DCP, 2, (Request(3, True, 0, (0, 1)),), 2, 2), (TensorSpec((4,), "float32"),))
+    for divisors, drawn in ((True, 2), (False, 1)):
+        caps = Capabilities("0.30", True, True, None, True, True, interleave_divisors=divisors)
+        assert era_case(step, caps).batch.interleave == drawn
+    block_1 = Case(Batch(DCP, 2, (Request(3, True, 0, (0, 1, 2)),), 1, 2), step.tensors)
+    caps = Capabilities("0.30", True, True, None, True, True)
+    assert era_case(block_1, caps).batch.interleave == 1

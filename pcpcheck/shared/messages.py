@@ -102,6 +102,13 @@ class Capabilities:
     # the second KV group drawn replicated under DCP: its BlockTables shards per group
     # (`dcp_sharded`, 0.31 on) and runs (triton installed)
     replicated_kv_group: bool = False
+    # its slot kernel masks dummy requests (`idx_mapping == -1`, 0.31 on): a step's graph
+    # padding rows then reach the kernel as one dummy request (pcpcheck.vllm.inputs)
+    dummy_requests: bool = False
+    # the interleave sizes it accepts under DCP (its config): its default, and every size that
+    # divides the block size where validate_block_size allows them (else the default alone)
+    interleave_default: int = 1
+    interleave_divisors: bool = True
     not_applicable: dict[str, str] = field(default_factory=dict)  # regime -> reason
 
 

@@ -15,12 +15,16 @@ stage then stays modeled and the path table says why.
   builder calls it under PCP with its class defaults: `decode_threshold` its
   `reorder_batch_threshold` (1), `require_uniform` (its query-length support is not VARLEN) and
   `treat_short_extends_as_decodes=not use_pcp` (False).
+- `interleave_rule(source)`: the interleave sizes (`cp_kv_cache_interleave_size`) the release
+  accepts, read from its config: its default (vllm/config/parallel.py) and whether
+  `validate_block_size` (vllm/config/vllm.py) accepts any size that divides the block size.
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -36,7 +40,37 @@ SORT = "sort_batch_req_ids"
 BACKEND_UTILS = "vllm/v1/attention/backends/utils.py"
 SPLIT = "split_decodes_and_prefills"
 DECODE_QUERY_LEN = 1
+PARALLEL_CONFIG = "vllm/config/parallel.py"
+VLLM_CONFIG = "vllm/config/vllm.py"
+INTERLEAVE_DEFAULT = re.compile(r"^\s*cp_kv_cache_interleave_size:\s*int\s*=\s*(\d+)", re.M)
+# validate_block_size (DCP > 1): `interleave <= block_size and block_size % interleave == 0`
+INTERLEAVE_DIVIDES = re.compile(
+    r"cp_kv_cache_interleave_size\s*<=\s*block_size\s*and\s*block_size\s*%\s*"
+    r"self\.parallel_config\.cp_kv_cache_interleave_size\s*==\s*0")
 SPLIT_FLAGS = dict(decode_threshold=1, require_uniform=True, treat_short_extends_as_decodes=False)
+
+
+def interleave_rule(source) -> tuple[int, bool, str]:
+    """(default, divisors, note): the release's default interleave size, whether it accepts
+    every size that divides the block size (else only the default), and where that was read
+    (or what was assumed, for a source without its config files)."""
+    notes, default, divisors = [], 1, True
+    if source.has(PARALLEL_CONFIG):
+        found = INTERLEAVE_DEFAULT.search(source.read(PARALLEL_CONFIG))
+        if found is None:
+            raise InterfaceDrift(f"{PARALLEL_CONFIG} has no cp_kv_cache_interleave_size default")
+        default = int(found.group(1))
+        notes.append(f"default {default} ({PARALLEL_CONFIG})")
+    else:
+        notes.append(f"default 1 assumed ({PARALLEL_CONFIG} is not in this source)")
+    if source.has(VLLM_CONFIG):
+        divisors = INTERLEAVE_DIVIDES.search(source.read(VLLM_CONFIG)) is not None
+        notes.append(f"{'sizes that divide the block size' if divisors else 'only the default'}"
+                     f" accepted ({VLLM_CONFIG} validate_block_size)")
+    else:
+        notes.append(f"sizes that divide the block size assumed accepted ({VLLM_CONFIG} is not "
+                     "in this source)")
+    return default, divisors, "; ".join(notes)
 
 
 def load_function(source, relpath: str, name: str):
@@ -107,5 +141,6 @@ def rank_num_decode_tokens(split, segments: list[tuple[int, bool]]) -> int:
 
 
 __all__ = ["BACKEND_UTILS", "MODEL_RUNNER", "SORT", "SPLIT", "SPLIT_FLAGS", "check_sort",
+           "interleave_rule",
            "load_function",
            "rank_num_decode_tokens", "step_order"]

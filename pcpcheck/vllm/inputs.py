@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 
 import pcpcheck_reference as reference
-from pcpcheck_spec.names import REPLICATED, Batch
+from pcpcheck_spec.names import DRAFT_REGIMES, REPLICATED, Batch
 
 # The second KV-cache group's block table: the first group's block ids moved by this many, so
 # the 2-D path of `_convert_to_gathered_slot_mappings` (and of the slot kernel's grid) is
@@ -54,3 +54,15 @@ def positions(batch: Batch) -> np.ndarray:
     """Each token's sequence position, in batch order (its request's context, then onwards)."""
     return np.array([r.context_len + k for r in batch.requests for k in range(r.num_tokens)],
                     dtype=np.int64)
+
+
+def dummy_tokens(batch: Batch, caps) -> int:
+    """Tokens of the dummy request (`idx_mapping == -1`) the step's slot kernel is given after
+    its real requests, as the model runner pads a CUDA-graph batch: the graph padding rows past
+    the widest rank of the release's era, where its kernel masks dummy requests (`caps`:
+    Capabilities.dummy_requests); else 0. It owns no blocks and must write no slot."""
+    if not caps.dummy_requests or not batch.graph_size or batch.regime in DRAFT_REGIMES:
+        return 0
+    widest = int(reference.layout(dataclasses.replace(batch, graph_size=0),
+                                  era=caps.era).counts.max(initial=0))
+    return max(batch.graph_size - widest, 0)

@@ -15,7 +15,7 @@ from pcpcheck.judge import Observation, Prepared, RankView, Violation, judge, ob
 from pcpcheck.shared.case import Case, row_content
 from pcpcheck.shared.messages import (BATCH_ORDER, GATHER_STAGE, MANAGER_STAGE, SLOT_MAPPING,
                                       SPLIT, WRAPPER, Capabilities, ReleaseInfo, ReleaseStep)
-from pcpcheck.vllm.inputs import global_maps
+from pcpcheck.vllm.inputs import dummy_tokens, global_maps
 from pcpcheck_spec.names import DCP, DRAFT_REGIMES, LAYOUT, RETURNS, SHARDED, Batch
 from pcpcheck_spec.registry import BY_ID
 
@@ -111,6 +111,9 @@ def judge_release_case(case: Case, results, release: ReleaseInfo) -> ReleaseObse
         if expanded and step is not None:
             want = expected_view(batch, caps.era, rank, caps.replicated_method,
                                  caps.replicated_kv_group)
+            # the dummy request's tokens in each KV group's global map: no slot (compared only
+            # where the rank ran the kernel on one)
+            want["dummy_slots"] = [[-1] * dummy_tokens(batch, caps)] * 2
             if not conforms(want, step["layout"]):
                 layout_bad.append(rank)
                 diffs[rank] = differences(want, step["layout"])

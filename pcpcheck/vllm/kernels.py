@@ -23,6 +23,7 @@ import collections
 import inspect
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -42,17 +43,31 @@ ROW_SLACK = 8  # block-table entries past the longest request's blocks (zeros)
 CACHE_SIZE = 512  # filled BlockTables kept per worker process, by their exact step inputs
 # The interpreter runs a kernel's programs one by one (milliseconds each): a step goes through
 # the release's kernels when it has at most KERNEL_REQUESTS requests and its slot-kernel
-# programs over its distinct ranks (D ranks, each one per request plus the padding one) number
-# at most KERNEL_PROGRAMS; larger steps take the reference formula, and the report counts both.
-# A step's path depends only on the step, so replays and shrinking agree; shrunk steps are small.
-KERNEL_REQUESTS = 2
-KERNEL_PROGRAMS = 8
+# programs over its distinct ranks (D ranks, each one per request, one for a dummy request and
+# the padding one) number at most KERNEL_PROGRAMS; larger steps take the reference formula, and
+# the report counts both. A step's path depends only on the step, so replays and shrinking
+# agree; shrunk steps are small. 3 and 12 keep `pcpcheck vllm 0.33.0`'s defaults within 3
+# minutes on 2 shared cores (benchmarks/README.md, issue 20).
+KERNEL_REQUESTS = 3
+KERNEL_PROGRAMS = 12
 
 
-def through_kernels(batch: Batch, dcp_size: int) -> bool:
-    """Whether this step's slot maps come from the release's kernels (see KERNEL_PROGRAMS)."""
+def through_kernels(batch: Batch, dcp_size: int, dummies: int = 0) -> bool:
+    """Whether this step's slot maps come from the release's kernels (see KERNEL_PROGRAMS);
+    `dummies`: dummy requests the kernel is given besides the step's (one program each)."""
     requests = len(batch.requests)
-    return requests <= KERNEL_REQUESTS and dcp_size * (requests + 1) <= KERNEL_PROGRAMS
+    return requests <= KERNEL_REQUESTS and dcp_size * (requests + dummies + 1) <= KERNEL_PROGRAMS
+
+
+def masks_dummy_requests(text: str) -> bool:
+    """Whether block_table.py's slot kernel (its `text`) tests the request index it loads from
+    `idx_mapping` against 0 (0.31 on: `idx_mapping == -1` marks a dummy request, whose tokens
+    get no slot). Read from the code, not from running it: a kernel that fails to mask its
+    dummies is then judged, not taken for one that has none."""
+    kernel = text.partition("def _compute_slot_mappings_kernel(")[2].split("\n@", 1)[0]
+    loaded = re.search(r"(\w+)\s*=\s*tl\.load\(\s*idx_mapping\b", kernel)
+    return bool(loaded and re.search(rf"\b{loaded.group(1)}\s*(>=\s*0|<\s*0|[!=]=\s*-1)",
+                                     kernel))
 
 
 def import_triton():
@@ -137,6 +152,8 @@ class BlockTablesPath:
     reason: str = ""
     adapted: list[str] = field(default_factory=list)
     launches: int = 0  # slot-kernel launches run (not served from the cache)
+    dummies: bool = False  # its slot kernel masks dummy requests (masks_dummy_requests)
+    last_global: torch.Tensor | None = None  # the last slot-kernel call's global maps
     _filled: collections.OrderedDict = field(default_factory=collections.OrderedDict)
 
     @property
@@ -201,11 +218,13 @@ def _cached_compute(block_tables: type, path: BlockTablesPath) -> type:
         done = self._pcpcheck_results.get(key)
         if done is not None:
             buffer.copy_(done)
-            return buffer[:, :num_tokens_padded]
-        result = compute(self, idx_mapping, query_start_loc, positions, num_tokens_padded,
-                         out=out, **kwargs)
-        path.launches += 1
-        self._pcpcheck_results[key] = buffer.clone()
+            result = buffer[:, :num_tokens_padded]
+        else:
+            result = compute(self, idx_mapping, query_start_loc, positions, num_tokens_padded,
+                             out=out, **kwargs)
+            path.launches += 1
+            self._pcpcheck_results[key] = buffer.clone()
+        path.last_global = result  # the global maps, a dummy request's tokens included
         return result
 
     return type("BlockTables", (block_tables,), {"compute_slot_mappings": compute_slot_mappings,
@@ -241,9 +260,9 @@ def load_block_tables(source) -> BlockTablesPath:
         "BlockTables: one filled per step, its cp_rank set per rank; a slot-kernel result "
         "reused for the same exact inputs"])
     path.block_tables = _cached_compute(block_tables, path)
+    path.dummies = masks_dummy_requests(source.read(BLOCK_TABLE))
     return path
 
 
 __all__ = ["BLOCK_TABLE", "BUFFER_UTILS", "BlockTablesPath", "NO_TRITON", "KERNEL_PROGRAMS",
-           "KERNEL_REQUESTS",
-           "load_block_tables", "through_kernels"]
+           "KERNEL_REQUESTS", "load_block_tables", "masks_dummy_requests", "through_kernels"]

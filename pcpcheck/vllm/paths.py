@@ -15,7 +15,7 @@ from pcpcheck.vllm.source import MANAGER
 
 
 def path_table(source, gather_path: str, unkerneled: str, has_wrappers: bool, unsorted: str,
-               unsplit: str) -> list[dict]:
+               unsplit: str, dummies: bool = False) -> list[dict]:
     """Per stage: `real` (the release's file and its sha256 run it; `reason` says where it does
     not reach) or `modeled` (pcpcheck's restatement; `reason` says why). The `un...` arguments
     say why a stage is not the release's ("" where it is)."""
@@ -30,7 +30,9 @@ def path_table(source, gather_path: str, unkerneled: str, has_wrappers: bool, un
     expanded_only = "expanded regimes; draft steps take the reference's unexpanded map"
     flags = ", ".join(f"{key}={value}" for key, value in SPLIT_FLAGS.items())
     kernel_scope = (f"{expanded_only}; steps of at most {KERNEL_REQUESTS} requests and "
-                    f"{KERNEL_PROGRAMS} slot-kernel programs, larger ones the reference formula")
+                    f"{KERNEL_PROGRAMS} slot-kernel programs, larger ones the reference formula"
+                    + ("; graph padding rows given as a dummy request (idx_mapping -1)"
+                       if dummies else ""))
     return [
         real(BATCH_ORDER, MODEL_RUNNER, f"{SORT} alone, with a decode query length of 1")
         if not unsorted else modeled(BATCH_ORDER, f"{unsorted}: 0.33's sort key "

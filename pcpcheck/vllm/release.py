@@ -25,9 +25,9 @@ import torch
 
 from pcpcheck.shared.errors import InterfaceDrift, LoadError
 from pcpcheck.shared.messages import Capabilities
-from pcpcheck.vllm.inputs import global_maps, positions, step_arrays
+from pcpcheck.vllm.inputs import dummy_tokens, global_maps, positions, step_arrays
 from pcpcheck.vllm.excerpts import (BACKEND_UTILS, MODEL_RUNNER, SORT, SPLIT, check_sort,
-                                    load_function, rank_num_decode_tokens)
+                                    interleave_rule, load_function, rank_num_decode_tokens)
 from pcpcheck.vllm.kernels import BlockTablesPath, load_block_tables, through_kernels
 from pcpcheck.vllm.paths import path_table
 from pcpcheck.vllm.source import GATHERS, MANAGER, Source, from_spec, resolve
@@ -266,6 +266,14 @@ def load_release(source: Source | str) -> Release:
         caps.replicated_kv_group = True
         adapted.append("BlockTables(dcp_sharded=[True, False]): the second KV group replicated "
                        "under DCP (compared by LAYOUT; the gather invariants judge the first)")
+    if kernels.real and kernels.dummies:
+        caps.dummy_requests = True
+        adapted.append("dummy requests: a step's graph padding rows reach the slot kernel as one "
+                       "request with idx_mapping -1 after the real ones (positions 0, 1, ...); "
+                       "its slots must all be -1 (LAYOUT's dummy_slots)")
+    caps.interleave_default, caps.interleave_divisors, note = interleave_rule(source)
+    adapted.append(f"interleave sizes drawn (dcp): the strategy's (1, 2; --scope interleaves=) "
+                   f"that this release accepts, else its default: {note}")
     sort, unsorted = load_function(source, MODEL_RUNNER, SORT)
     if sort is not None:
         check_sort(sort)
@@ -274,7 +282,7 @@ def load_release(source: Source | str) -> Release:
                       sort, split)
     _probe(release)
     release.paths = path_table(source, gather_path, kernels.reason if not kernels.real else "",
-                               bool(wrappers), unsorted, unsplit)
+                               bool(wrappers), unsorted, unsplit, caps.dummy_requests)
     return release
 
 
@@ -324,7 +332,8 @@ def _leading_decodes(rows_of_requests: list[tuple[int, int]], prefilling) -> int
 
 def kernel_step(release, batch: Batch) -> bool:
     """Whether this step's slot maps come from the release's own kernels."""
-    return release.kernels.real and through_kernels(batch, reference.dcp_size(batch))
+    dummies = 1 if dummy_tokens(batch, release.caps) else 0
+    return release.kernels.real and through_kernels(batch, reference.dcp_size(batch), dummies)
 
 
 def make_manager(release, batch: Batch, rank: int):
@@ -338,8 +347,10 @@ def make_manager(release, batch: Batch, rank: int):
     if release.caps.manager_shards:
         kwargs["shard_decode_requests"] = batch.regime == SHARDED
     if kernel_step(release, batch):
-        max_tokens = max(sum(r.num_tokens for r in batch.requests), batch.graph_size, 1)
-        kwargs.update(max_num_reqs=max(len(batch.requests), 1), max_num_tokens=max_tokens,
+        dummies = dummy_tokens(batch, release.caps)
+        max_tokens = max(sum(r.num_tokens for r in batch.requests) + dummies, batch.graph_size, 1)
+        kwargs.update(max_num_reqs=max(len(batch.requests) + bool(dummies), 1),
+                      max_num_tokens=max_tokens,
                       block_tables=release.kernels.for_step(
                           batch, dcp_size, dcp_rank, max_tokens, release.caps.replicated_kv_group))
     return release.manager(**kwargs)
@@ -377,11 +388,21 @@ def manager_view(release, batch: Batch, rank: int) -> tuple[dict, list[int] | No
     if release.caps.replicated_method:
         view["replicated"] = [bool(v) for v in manager.replicated_requests(q, prefilling)]
     if kernel_step(release, batch):  # the release's kernels compute the global maps
+        # a dummy request (idx_mapping -1) after the real ones, as a padded graph batch has
+        dummies = dummy_tokens(batch, release.caps)
+        real = int(starts[-1])
         manager._global_batch = SimpleNamespace(
-            idx_mapping=torch.arange(len(q), dtype=torch.int32),
-            query_start_loc=torch.from_numpy(starts.astype(np.int32)),
-            positions=torch.from_numpy(positions(batch)), num_tokens=int(starts[-1]))
+            idx_mapping=torch.tensor(list(range(len(q))) + [-1] * bool(dummies),
+                                     dtype=torch.int32),
+            query_start_loc=torch.tensor(list(starts) + [real + dummies] * bool(dummies),
+                                         dtype=torch.int32),
+            positions=torch.from_numpy(np.concatenate(
+                [positions(batch), np.arange(dummies, dtype=np.int64)])),
+            num_tokens=real + dummies)
         expanded = manager.prepare_slot_mappings()
+        if dummies:
+            view["dummy_slots"] = [[int(v) for v in row[real:real + dummies]]
+                                   for row in _plain(release.kernels.last_global)]
     else:  # the reference formula's global maps (semantics section 3)
         maps = torch.from_numpy(global_maps(batch, rank if batch.regime == DCP else 0,
                                             release.caps.replicated_kv_group))

@@ -20,7 +20,7 @@ from pcpcheck.exhaustive import exhaust
 from pcpcheck.shared.case import Case
 from pcpcheck.shared.messages import Capabilities, ReleaseInfo
 from pcpcheck.vllm.judge import ReleaseObservation, capabilities, run_release_cases
-from pcpcheck_spec.names import DRAFT, DRAFT_REGIMES, LAYOUT, Batch
+from pcpcheck_spec.names import DCP, DRAFT, DRAFT_REGIMES, LAYOUT, Batch
 
 
 def search_regime(release: ReleaseInfo, regime: str, backend, *, max_examples: int,
@@ -54,15 +54,25 @@ def release_order(batch: Batch) -> Batch:
     return dataclasses.replace(batch, requests=tuple(sorted(batch.requests, key=key)))
 
 
+def accepts_interleave(caps: Capabilities, interleave: int, block_size: int) -> bool:
+    """Whether the release's config accepts this DCP interleave size with this block size."""
+    fits = 1 <= interleave <= block_size and block_size % interleave == 0
+    return fits and (interleave == caps.interleave_default or caps.interleave_divisors)
+
+
 def era_case(case: Case, caps: Capabilities, empty_steps: bool = False) -> Case | None:
     """A drawn case as the release would see it: requests in its batch order, graph padding only
     where it has it (the same extra rows over the widest rank of its own era's layout), one query
-    token per decode where it rejects drafts, and no empty step unless asked (None: not a step
-    this release runs)."""
+    token per decode where it rejects drafts, an interleave size it accepts (else its default),
+    and no empty step unless asked (None: not a step this release runs)."""
     batch = case.batch
     empty = not any(r.num_tokens for r in batch.requests)
     if empty and not empty_steps:
         return None
+    if batch.regime == DCP and not accepts_interleave(caps, batch.interleave, batch.block_size):
+        if not accepts_interleave(caps, caps.interleave_default, batch.block_size):
+            return None  # its default does not fit this block size: it rejects the config
+        batch = dataclasses.replace(batch, interleave=caps.interleave_default)
     if DRAFT in caps.not_applicable:  # no speculative tokens: a decode has 1 query token
         batch = dataclasses.replace(batch, requests=tuple(
             r if r.prefilling else dataclasses.replace(r, num_tokens=min(r.num_tokens, 1))
