@@ -5,10 +5,12 @@ live server in the schema of pcpcheck.vllm.recording (docs/record.md), for
 Off unless PCPCHECK_RECORD=DIR. vLLM calls `register()` in every process, possibly more than
 once: the patches are installed once per class and function. It wraps the release's own code at
 the PCP boundary: PCPManager's constructor (its parallel sizes and ranks), `_build_batch_layout`
-(the step as the model runner hands it), `_convert_to_gathered_slot_mappings` (the global slot
+(the step as the model runner hands it), `partition_batch` (each request's scheduled draft
+tokens, from the global batch), `_convert_to_gathered_slot_mappings` (the global slot
 maps, hence each request's blocks) and the MLA wrapper (the slot map and num_decode_tokens the
 gather gets, and the sha256 of its inputs). One line per rank and recorded step, written before
-the gather runs, so that a step whose collective hangs or crashes is on disk.
+the gather runs, so that a step whose collective hangs or crashes is on disk; once the wrapped
+gather returns, a second, small line (kind "outputs") carries the sha256 of its outputs.
 Never an exception into vLLM: a recorder failure is logged once and recording stops.
 Runs inside vLLM: it imports nothing of pcpcheck's judge or driver.
 """
@@ -26,7 +28,7 @@ import sys
 import numpy as np
 import torch
 
-from pcpcheck.vllm.recording import TARGET, step_line
+from pcpcheck.vllm.recording import TARGET, outputs_line, step_line
 
 ENV_DIR = "PCPCHECK_RECORD"
 ENV_EVERY = "PCPCHECK_RECORD_EVERY"  # record one step in N (per rank, the same steps everywhere)
@@ -94,6 +96,14 @@ class Recorder:
             "prefilling": [bool(v) for v in np.asarray(arguments["is_prefilling"]).tolist()],
         }
 
+    def on_partition(self, manager, input_batch) -> None:
+        """Each request's scheduled draft tokens, from the global batch `partition_batch` got
+        (its `_build_batch_layout` call made the step pending)."""
+        step = self.pending.get(int(manager.__dict__.get(_MARK, {}).get("pcp_rank", 0)))
+        drafts = getattr(input_batch, "num_draft_tokens_per_req", None)
+        if step is not None and drafts is not None:
+            step["draft_tokens"] = [int(v) for v in np.asarray(drafts).tolist()]
+
     def on_slot_maps(self, manager, global_maps) -> None:
         """Each request's blocks per KV group, read back from the global slot maps: the block of
         each virtual block this step writes (None where this DCP rank owns no token of it)."""
@@ -119,17 +129,24 @@ class Recorder:
             blocks[where[owned]] = group[owned] // self.block_size
             groups.append([None if b < 0 else b for b in blocks.tolist()])
         bounds = np.cumsum(counts).tolist()
-        requests = [{"scheduled": n, "computed": c, "prefilling": p, "draft_tokens": 0,
+        drafts = step.get("draft_tokens") or [0] * len(q)  # None: no request has any
+        requests = [{"scheduled": n, "computed": c, "prefilling": p, "draft_tokens": d,
                      "first_block": f, "block_ids": [g[end - k:end] for g in groups]}
-                    for n, c, p, f, k, end in zip(step["scheduled"], step["computed"],
-                                                  step["prefilling"], first.tolist(),
-                                                  counts.tolist(), bounds)]
+                    for n, c, p, d, f, k, end in zip(step["scheduled"], step["computed"],
+                                                     step["prefilling"], drafts, first.tolist(),
+                                                     counts.tolist(), bounds)]
         step["requests"] = requests
 
-    def on_gather(self, rank: int, arguments: dict) -> None:
-        step = self.pending.pop(rank, None)  # the step's first MLA layer is its record
+    def on_gather(self, rank: int, arguments: dict) -> tuple | None:
+        """Write the step's line (its first MLA layer is its record); the line's identity, for
+        its outputs line, or None when this call records nothing."""
+        step = self.pending.pop(rank, None)
         if step is None or "requests" not in step:
-            return
+            return None
+        if self.written >= self.max_steps:
+            self.stop(f"pcpcheck recorder: {self.max_steps} steps recorded "
+                      f"({ENV_MAX_STEPS}); recording stops")
+            return None
         fields = {key: step[key] for key in ("step", "rank", "pcp_size", "dcp_size", "dcp_rank",
                                              "interleave", "graph_size", "shard_decode_requests",
                                              "requests")}
@@ -141,16 +158,22 @@ class Recorder:
                                   "sha256": {"inputs": _digest(
                                       arguments["kv_c_normed"], arguments["k_pe"],
                                       arguments["slot_mapping"])}})
-        name = f"pcp{fields['rank']}-dcp{fields['dcp_rank']}-{os.getpid()}.jsonl"
+        self._write(fields["rank"], fields["dcp_rank"], line)
+        self.written += 1
+        return fields["step"], fields["rank"], fields["dcp_rank"]
+
+    def on_outputs(self, written: tuple, outputs) -> None:
+        """The line after the step's gather returned: the sha256 of its outputs."""
+        step, rank, dcp_rank = written
+        self._write(rank, dcp_rank, outputs_line(step, rank, dcp_rank, _digest(*outputs)))
+
+    def _write(self, rank: int, dcp_rank: int, line: str) -> None:
+        name = f"pcp{rank}-dcp{dcp_rank}-{os.getpid()}.jsonl"
         if name not in self.handles:
             os.makedirs(self.directory, exist_ok=True)
             self.handles[name] = open(os.path.join(self.directory, name), "a", encoding="utf-8")
         self.handles[name].write(line + "\n")
         self.handles[name].flush()
-        self.written += 1
-        if self.written >= self.max_steps:
-            self.stop(f"pcpcheck recorder: {self.max_steps} steps recorded "
-                      f"({ENV_MAX_STEPS}); recording stops")
 
 
 def _plain(value):
@@ -199,6 +222,9 @@ def install(recorder: Recorder, manager_module, gather_module) -> None:
         lambda: self.__dict__.__setitem__(_MARK, _bound(sig, self, a, k))))
     _wrap_method(manager, "_build_batch_layout", lambda self, sig, a, k: recorder.safely(
         lambda: recorder.on_layout(self, _bound(sig, self, a, k))))
+    if hasattr(manager, "partition_batch"):  # the step entry, with the global batch
+        _wrap_method(manager, "partition_batch", lambda self, sig, a, k: recorder.safely(
+            lambda: recorder.on_partition(self, _bound(sig, self, a, k)["input_batch"])))
     _wrap_method(manager, "_convert_to_gathered_slot_mappings",
                  lambda self, sig, a, k: recorder.safely(
                      lambda: recorder.on_slot_maps(self, _bound(sig, self, a, k).popitem()[1])))
@@ -211,13 +237,19 @@ def install(recorder: Recorder, manager_module, gather_module) -> None:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         if bound.arguments.get("use_pcp") and bound.arguments.get("num_decode_tokens") is not None:
-            recorder.on_gather(_pcp_rank(gather_module), dict(bound.arguments))
+            return recorder.on_gather(_pcp_rank(gather_module), dict(bound.arguments))
+        return None
 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
-        # before the gather runs: a step whose collective hangs or crashes is on disk
-        recorder.safely(lambda: record(args, kwargs))
-        return original(*args, **kwargs)
+        # the step's line before the gather runs: a step whose collective hangs or crashes is on
+        # disk; its outputs line only once the gather returned (none if it raised)
+        written = []
+        recorder.safely(lambda: written.append(record(args, kwargs)))
+        result = original(*args, **kwargs)
+        if written and written[0] is not None:
+            recorder.safely(lambda: recorder.on_outputs(written[0], result))
+        return result
 
     setattr(wrapper, _MARK, True)
     setattr(gather_module, MLA_WRAPPER, wrapper)
