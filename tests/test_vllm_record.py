@@ -34,7 +34,7 @@ from pcpcheck.vllm.step import rank_step
 from pcpcheck.vllm.steps import MLA_TENSORS
 from pcpcheck.vllm.verdict import release_order
 from pcpcheck.worker.rankctx import bound_group
-from pcpcheck_spec.names import COLLECTIVE, DCP, REPLICATED, SHARDED, Batch, Request
+from pcpcheck_spec.names import COLLECTIVE, DCP, DRAFT, REPLICATED, SHARDED, Batch, Request
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = 16
@@ -91,6 +91,36 @@ def drawn_steps(count: int, pcp: int, seed: int = 5):
     return steps
 
 
+def drawn_draft_steps(count: int, pcp: int, seed: int = 7):
+    """Random later draft steps (one token per request, D = 1), some DP-padded, with padded
+    maps or not."""
+    rng = random.Random(seed)
+    steps = []
+    for _ in range(count):
+        contexts = [rng.randint(0, 40) for _ in range(rng.randint(1, 4))]
+        requests, next_block = [], 0
+        for ctx in contexts:
+            blocks = tuple(range(next_block, next_block + ctx // BLOCK + 1))
+            next_block += len(blocks)
+            requests.append(Request(1, False, ctx, blocks))
+        pad = rng.choice((0, 0, 2))
+        steps.append(Case(Batch(DRAFT, pcp, tuple(requests), BLOCK, dp_pad=pad,
+                                pad_slot_map=bool(pad) and rng.random() < 0.5), MLA_TENSORS))
+    return steps
+
+
+def draft_inputs(release, batch: Batch, rank: int) -> None:
+    """What the speculator does before each later draft step's model call: the rank's own
+    PCPManager hands the draft model the global input buffers (its get_draft_input_buffers)."""
+    manager = release.manager(pcp_world_size=batch.pcp_size, pcp_rank=rank,
+                              device=torch.device("cpu"), shard_decode_requests=False)
+    rows = len(batch.requests) + batch.dp_pad
+    buffers = types.SimpleNamespace(
+        positions=torch.tensor([r.context_len for r in batch.requests] + [0] * batch.dp_pad),
+        is_padding=torch.arange(rows) >= len(batch.requests))
+    assert manager.get_draft_input_buffers(buffers, rows)[0] is buffers  # a later draft step
+
+
 @pytest.fixture
 def plugins_loader(monkeypatch):
     """0.33.0's vllm/plugins/__init__.py from the wheel, with `vllm.envs` stood in, discovering
@@ -123,8 +153,9 @@ def recorded_through(version, cases, tmp_path, monkeypatch, plugins_loader):
                         types.SimpleNamespace(PCPManager=release.manager))
     monkeypatch.setitem(sys.modules, record.GATHER_MODULE, release.gather_module)
     for attribute in ("__init__", "_build_batch_layout", "partition_batch",
-                      "_convert_to_gathered_slot_mappings"):
-        monkeypatch.setattr(release.manager, attribute, getattr(release.manager, attribute))
+                      "get_draft_input_buffers", "_convert_to_gathered_slot_mappings"):
+        if hasattr(release.manager, attribute):  # 0.29.0 has no get_draft_input_buffers
+            monkeypatch.setattr(release.manager, attribute, getattr(release.manager, attribute))
     monkeypatch.setattr(release.gather_module, record.MLA_WRAPPER,
                         getattr(release.gather_module, record.MLA_WRAPPER))
     # triton's interpreter (the release's slot kernel) is not thread-safe: the ranks lay their
@@ -151,6 +182,8 @@ def recorded_through(version, cases, tmp_path, monkeypatch, plugins_loader):
         group, results = BarrierGroup(case.batch.pcp_size), {}
 
         def run(rank, case=case, group=group, results=results):
+            if case.batch.regime == DRAFT:
+                draft_inputs(release, case.batch, rank)
             with bound_group(group.rank(rank)):
                 results[rank] = rank_step(case.to_json(), spec, rank)
 
@@ -194,6 +227,21 @@ def test_the_recording_of_0_33_0s_own_path_replays_to_the_same_verdict_and_integ
     assert result.findings == [] and result.judged == len(computed), result.text()
     assert result.outputs_hashed == len(computed) * pcp
     assert f"gather outputs hashed on {len(computed) * pcp} ranks' steps" in result.text()
+
+
+def test_later_draft_steps_of_0_33_0s_own_path_are_recorded_and_replay_to_the_same_integers(
+        tmp_path, monkeypatch, plugins_loader):
+    """Target and later draft steps interleaved, as a speculating server runs them."""
+    targets, drafts = drawn_steps(3, 2), drawn_draft_steps(6, 2)
+    cases = [c for pair in zip(targets, drafts[::2], drafts[1::2]) for c in pair]
+    spec, computed, recorded = recorded_through("0.33.0", cases, tmp_path, monkeypatch,
+                                                plugins_loader)
+    assert recorded == computed
+    kinds = {line["step"]: line["kind"] for line in recorded_lines(tmp_path / "rec")
+             if line["kind"] != OUTPUTS}
+    assert [kinds[k] for k in sorted(kinds)] == ["target", "draft", "draft"] * 3
+    result = check_steps(spec["location"], str(tmp_path / "rec"))
+    assert result.findings == [] and result.judged == len(cases), result.text()
 
 
 def test_0_29_0s_batch_order_defect_is_recorded_before_its_collective_and_replays_collective(

@@ -28,7 +28,7 @@ import sys
 import numpy as np
 import torch
 
-from pcpcheck.vllm.recording import TARGET, outputs_line, step_line
+from pcpcheck.vllm.recording import DRAFT_STEP, TARGET, outputs_line, step_line
 
 ENV_DIR = "PCPCHECK_RECORD"
 ENV_EVERY = "PCPCHECK_RECORD_EVERY"  # record one step in N (per rank, the same steps everywhere)
@@ -76,25 +76,44 @@ class Recorder:
     # --- the hooks ---------------------------------------------------------------------------
 
     def on_layout(self, manager, arguments: dict) -> None:
-        config = manager.__dict__.get(_MARK, {})
-        key = int(config.get("pcp_rank", 0))  # one manager per process: its steps, from 0
-        step = self.counts[key] = self.counts.get(key, -1) + 1
-        self.pending.pop(key, None)
-        if step % self.every:
+        counted = self._count(manager)
+        if counted is None:
             return
         q = [int(v) for v in np.asarray(arguments["num_scheduled_tokens"]).tolist()]
-        self.pending[key] = {
-            "step": step, "rank": key,
-            "pcp_size": int(config.get("pcp_world_size", 1)),
-            "dcp_size": int(config.get("dcp_world_size", 1)),
-            "dcp_rank": int(config.get("dcp_rank", 0)),
-            "interleave": int(config.get("cp_interleave", 1)),
-            "shard_decode_requests": bool(config.get("shard_decode_requests", False)),
+        self.pending[counted[0]] = {
+            **self._configuration(*counted), "kind": TARGET,
             "graph_size": int(arguments.get("padded_num_tokens") or 0),
             "scheduled": q,
             "computed": [int(v) for v in np.asarray(arguments["num_computed_tokens"]).tolist()],
             "prefilling": [bool(v) for v in np.asarray(arguments["is_prefilling"]).tolist()],
         }
+
+    def _count(self, manager) -> tuple[int, dict, int] | None:
+        """The rank's next step number (target and later draft steps share it): (rank, its
+        manager's configuration, step), or None when the step is not sampled."""
+        config = manager.__dict__.get(_MARK, {})
+        key = int(config.get("pcp_rank", 0))  # one manager per process: its steps, from 0
+        step = self.counts[key] = self.counts.get(key, -1) + 1
+        self.pending.pop(key, None)
+        return None if step % self.every else (key, config, step)
+
+    def _configuration(self, key: int, config: dict, step: int) -> dict:
+        return {"step": step, "rank": key,
+                "pcp_size": int(config.get("pcp_world_size", 1)),
+                "dcp_size": int(config.get("dcp_world_size", 1)),
+                "dcp_rank": int(config.get("dcp_rank", 0)),
+                "interleave": int(config.get("cp_interleave", 1)),
+                "shard_decode_requests": bool(config.get("shard_decode_requests", False))}
+
+    def on_draft_buffers(self, manager, input_buffers, num_tokens: int) -> None:
+        """A later draft step (the manager hands the draft model the global buffers: no draft
+        prefill batch): its positions, for the step line its first MLA layer writes."""
+        if manager.__dict__.get("draft_prefill_batch") is not None:
+            return  # the first draft pass: the target step's PCP-local batch and expanded map
+        counted = self._count(manager)
+        if counted is not None:
+            self.pending[counted[0]] = {**self._configuration(*counted), "kind": DRAFT_STEP,
+                                        "positions": _plain(input_buffers.positions[:num_tokens])}
 
     def on_partition(self, manager, input_batch) -> None:
         """Each request's scheduled draft tokens, from the global batch `partition_batch` got
@@ -141,6 +160,8 @@ class Recorder:
         """Write the step's line (its first MLA layer is its record); the line's identity, for
         its outputs line, or None when this call records nothing."""
         step = self.pending.pop(rank, None)
+        if step is not None and step["kind"] == DRAFT_STEP:
+            self.on_draft_gather(step, arguments)
         if step is None or "requests" not in step:
             return None
         if self.written >= self.max_steps:
@@ -148,11 +169,11 @@ class Recorder:
                       f"({ENV_MAX_STEPS}); recording stops")
             return None
         fields = {key: step[key] for key in ("step", "rank", "pcp_size", "dcp_size", "dcp_rank",
-                                             "interleave", "graph_size", "shard_decode_requests",
+                                             "interleave", "shard_decode_requests", "kind",
                                              "requests")}
         slots = _plain(arguments["slot_mapping"])
-        line = step_line(self.written == 0, **fields, block_size=self.block_size, dp_pad=0,
-                         kind=TARGET,
+        line = step_line(self.written == 0, **fields, block_size=self.block_size,
+                         graph_size=step.get("graph_size", 0), dp_pad=step.get("dp_pad", 0),
                          release={"slot_mapping": [int(s) for s in slots],
                                   "num_decode_tokens": int(arguments["num_decode_tokens"]),
                                   "sha256": {"inputs": _digest(
@@ -161,6 +182,22 @@ class Recorder:
         self._write(fields["rank"], fields["dcp_rank"], line)
         self.written += 1
         return fields["step"], fields["rank"], fields["dcp_rank"]
+
+    def on_draft_gather(self, step: dict, arguments: dict) -> None:
+        """A later draft step's requests, from its unexpanded map (D = 1): one query token per
+        request, all of them decode rows (0.33.0 classifies every real row of a later draft step
+        decode: num_decode_tokens is the real count); the rows past it are DP padding."""
+        if step["dcp_size"] != 1:
+            return  # the layout model's draft steps have D = 1: not recorded
+        real = int(arguments["num_decode_tokens"])
+        slots = _plain(arguments["slot_mapping"])[:real]
+        positions = [int(p) for p in step["positions"][:real]]
+        step["dp_pad"] = int(arguments["kv_c_normed"].shape[0]) - real
+        step["requests"] = [
+            {"scheduled": 1, "computed": p, "prefilling": False, "draft_tokens": 0,
+             "first_block": p // self.block_size,
+             "block_ids": [[int(s) // self.block_size if s >= 0 else None]]}
+            for p, s in zip(positions, slots)]
 
     def on_outputs(self, written: tuple, outputs) -> None:
         """The line after the step's gather returned: the sha256 of its outputs."""
@@ -222,6 +259,9 @@ def install(recorder: Recorder, manager_module, gather_module) -> None:
         lambda: self.__dict__.__setitem__(_MARK, _bound(sig, self, a, k))))
     _wrap_method(manager, "_build_batch_layout", lambda self, sig, a, k: recorder.safely(
         lambda: recorder.on_layout(self, _bound(sig, self, a, k))))
+    if hasattr(manager, "get_draft_input_buffers"):  # 0.30+: each draft pass's inputs
+        _wrap_method(manager, "get_draft_input_buffers", lambda self, sig, a, k: recorder.safely(
+            lambda: recorder.on_draft_buffers(self, *list(_bound(sig, self, a, k).values())[1:3])))
     if hasattr(manager, "partition_batch"):  # the step entry, with the global batch
         _wrap_method(manager, "partition_batch", lambda self, sig, a, k: recorder.safely(
             lambda: recorder.on_partition(self, _bound(sig, self, a, k)["input_batch"])))
