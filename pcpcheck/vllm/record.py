@@ -6,8 +6,10 @@ Off unless PCPCHECK_RECORD=DIR. vLLM calls `register()` in every process, possib
 once: the patches are installed once per class and function. It wraps the release's own code at
 the PCP boundary: PCPManager's constructor (its parallel sizes and ranks), `_build_batch_layout`
 (the step as the model runner hands it), `partition_batch` (each request's scheduled draft
-tokens, from the global batch), `_convert_to_gathered_slot_mappings` (the global slot
-maps, hence each request's blocks) and the MLA wrapper (the slot map and num_decode_tokens the
+tokens, from the global batch), `get_draft_input_buffers` (a later draft step's positions: its
+requests are read back from the unexpanded map the MLA wrapper gets),
+`_convert_to_gathered_slot_mappings` (the global slot maps, hence each request's blocks) and the
+MLA wrapper (the slot map and num_decode_tokens the
 gather gets, and the sha256 of its inputs). One line per rank and recorded step, written before
 the gather runs, so that a step whose collective hangs or crashes is on disk; once the wrapped
 gather returns, a second, small line (kind "outputs") carries the sha256 of its outputs.
@@ -261,7 +263,7 @@ def install(recorder: Recorder, manager_module, gather_module) -> None:
         lambda: recorder.on_layout(self, _bound(sig, self, a, k))))
     if hasattr(manager, "get_draft_input_buffers"):  # 0.30+: each draft pass's inputs
         _wrap_method(manager, "get_draft_input_buffers", lambda self, sig, a, k: recorder.safely(
-            lambda: recorder.on_draft_buffers(self, *list(_bound(sig, self, a, k).values())[1:3])))
+            lambda: recorder.on_draft_buffers(self, *list(_bound(sig, self, a, k).values())[1:])))
     if hasattr(manager, "partition_batch"):  # the step entry, with the global batch
         _wrap_method(manager, "partition_batch", lambda self, sig, a, k: recorder.safely(
             lambda: recorder.on_partition(self, _bound(sig, self, a, k)["input_batch"])))

@@ -76,7 +76,8 @@ def _record(data) -> dict:
     if not isinstance(data["shard_decode_requests"], bool):
         raise ValueError("shard_decode_requests must be true or false")
     if data["kind"] not in (TARGET, DRAFT_STEP):
-        raise ValueError(f"kind must be {TARGET!r}, {DRAFT_STEP!r} or {OUTPUTS!r}, got {data['kind']!r}")
+        raise ValueError(f"kind must be {TARGET!r}, {DRAFT_STEP!r} or {OUTPUTS!r}, "
+                         f"got {data['kind']!r}")
     if not isinstance(data["requests"], list):
         raise ValueError("requests must be a list")
     for i, request in enumerate(data["requests"]):
