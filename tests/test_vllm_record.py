@@ -281,6 +281,9 @@ class Manager:
     def _convert_to_gathered_slot_mappings(self, global_batch_slot_mappings):
         return global_batch_slot_mappings
 
+    def get_draft_input_buffers(self, input_buffers, num_tokens):
+        return input_buffers, None
+
 
 def mla_wrapper(kv_c_normed, k_pe, slot_mapping, num_decode_tokens, use_pcp):
     if kv_c_normed.isnan().any():  # stands for a collective that crashes
@@ -377,3 +380,19 @@ def test_each_requests_scheduled_draft_tokens_come_from_the_global_batch_partiti
         gather.maybe_gather_mla_latent_cache_inputs(rows, rows, [5, 6, 7, 16, 17, 18], 3, True)
     lines = [line for line in recorded_lines(tmp_path) if line["kind"] != OUTPUTS]
     assert [[r["draft_tokens"] for r in line["requests"]] for line in lines] == [[2, 0], [0, 0]]
+
+
+def test_a_draft_pass_on_an_expanded_map_is_not_recorded_as_a_later_draft_step(tmp_path):
+    """A speculator that hands no draft prefill batch runs its first pass on the target step's
+    expanded map (more slots than rows): only the pass on an unexpanded map is a draft step."""
+    _, manager, gather = installed(tmp_path)
+    buffers = types.SimpleNamespace(positions=torch.tensor([40, 7]))
+    rows = torch.zeros(2, 4)
+    manager.get_draft_input_buffers(buffers, 2)
+    gather.maybe_gather_mla_latent_cache_inputs(rows, rows, [40, 7, -1, -1], 2, True)
+    manager.get_draft_input_buffers(buffers, 2)
+    gather.maybe_gather_mla_latent_cache_inputs(rows, rows, [40, -1], 1, True)
+    [line] = [line for line in recorded_lines(tmp_path) if line["kind"] != OUTPUTS]
+    assert (line["kind"], line["step"], line["dp_pad"]) == ("draft", 1, 1)
+    assert [(r["computed"], r["first_block"], r["block_ids"]) for r in line["requests"]] == [
+        (40, 2, [[2]])]

@@ -189,12 +189,15 @@ class Recorder:
         """A later draft step's requests, from its unexpanded map (D = 1): one query token per
         request, all of them decode rows (0.33.0 classifies every real row of a later draft step
         decode: num_decode_tokens is the real count); the rows past it are DP padding."""
-        if step["dcp_size"] != 1:
-            return  # the layout model's draft steps have D = 1: not recorded
+        rows, slots = int(arguments["kv_c_normed"].shape[0]), _plain(arguments["slot_mapping"])
+        if step["dcp_size"] != 1 or len(slots) > rows:
+            # D > 1: the layout model's draft steps have D = 1; an expanded map: a first draft
+            # pass on the target step's layout (a speculator without a draft prefill batch)
+            return
         real = int(arguments["num_decode_tokens"])
-        slots = _plain(arguments["slot_mapping"])[:real]
+        slots = slots[:real]
         positions = [int(p) for p in step["positions"][:real]]
-        step["dp_pad"] = int(arguments["kv_c_normed"].shape[0]) - real
+        step["dp_pad"] = rows - real
         step["requests"] = [
             {"scheduled": 1, "computed": p, "prefilling": False, "draft_tokens": 0,
              "first_block": p // self.block_size,
