@@ -9,8 +9,7 @@ the PCP boundary: PCPManager's constructor (its parallel sizes and ranks), `_bui
 tokens, from the global batch), `get_draft_input_buffers` (a later draft step's positions: its
 requests are read back from the unexpanded map the MLA wrapper gets),
 `_convert_to_gathered_slot_mappings` (the global slot maps, hence each request's blocks) and the
-MLA wrapper (the slot map and num_decode_tokens the
-gather gets, and the sha256 of its inputs). One line per rank and recorded step, written before
+MLA wrapper (the slot map and num_decode_tokens the gather gets, and the sha256 of its inputs). One line per rank and recorded step, written before
 the gather runs, so that a step whose collective hangs or crashes is on disk; once the wrapped
 gather returns, a second, small line (kind "outputs") carries the sha256 of its outputs.
 Never an exception into vLLM: a recorder failure is logged once and recording stops.
