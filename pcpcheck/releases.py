@@ -81,7 +81,8 @@ def check_steps(source, steps, *, timeout: float = 10.0, shrink: bool = True):
     Raises UsageError (a malformed line, naming FILE:LINE) before anything runs, and the errors
     of check_release."""
     from pcpcheck.vllm.source import resolve
-    from pcpcheck.vllm.steps import StepsResult, read_recording, recording_files, replay_steps
+    from pcpcheck.vllm.steps import (StepsResult, outputs_hashed, read_recording,
+                                     recording_files, replay_steps)
     files = [str(f) for f in recording_files(steps)]
     recorded = read_recording(steps)
     spec = resolve(os.fspath(source)).spec()
@@ -90,7 +91,7 @@ def check_steps(source, steps, *, timeout: float = 10.0, shrink: bool = True):
         findings, judged = replay_steps(release, recorded, backend, shrink=shrink)
     version = release.release["release"]
     return StepsResult(f"vLLM {version} ({spec['location']})", spec["location"], version, files,
-                       len(recorded), judged, findings)
+                       len(recorded), judged, findings, outputs_hashed(recorded))
 
 
 def replay_release(source, case, *, timeout: float = 10.0) -> CheckResult:

@@ -18,6 +18,7 @@ import types
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -25,13 +26,15 @@ from pcpcheck.api import check_steps
 from pcpcheck.shared.case import Case
 from pcpcheck.shared.errors import SourceError
 from pcpcheck.vllm import record
+from pcpcheck.vllm.recording import OUTPUTS, read_lines
 from pcpcheck.vllm.release import release_from_spec
 from pcpcheck.vllm.source import fetch_release, resolve
+from pcpcheck.vllm import step as step_module
 from pcpcheck.vllm.step import rank_step
 from pcpcheck.vllm.steps import MLA_TENSORS
 from pcpcheck.vllm.verdict import release_order
 from pcpcheck.worker.rankctx import bound_group
-from pcpcheck_spec.names import COLLECTIVE, DCP, REPLICATED, SHARDED, Batch, Request
+from pcpcheck_spec.names import COLLECTIVE, DCP, DRAFT, REPLICATED, SHARDED, Batch, Request
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = 16
@@ -88,6 +91,36 @@ def drawn_steps(count: int, pcp: int, seed: int = 5):
     return steps
 
 
+def drawn_draft_steps(count: int, pcp: int, seed: int = 7):
+    """Random later draft steps (one token per request, D = 1), some DP-padded, with padded
+    maps or not."""
+    rng = random.Random(seed)
+    steps = []
+    for _ in range(count):
+        contexts = [rng.randint(0, 40) for _ in range(rng.randint(1, 4))]
+        requests, next_block = [], 0
+        for ctx in contexts:
+            blocks = tuple(range(next_block, next_block + ctx // BLOCK + 1))
+            next_block += len(blocks)
+            requests.append(Request(1, False, ctx, blocks))
+        pad = rng.choice((0, 0, 2))
+        steps.append(Case(Batch(DRAFT, pcp, tuple(requests), BLOCK, dp_pad=pad,
+                                pad_slot_map=bool(pad) and rng.random() < 0.5), MLA_TENSORS))
+    return steps
+
+
+def draft_inputs(release, batch: Batch, rank: int) -> None:
+    """What the speculator does before each later draft step's model call: the rank's own
+    PCPManager hands the draft model the global input buffers (its get_draft_input_buffers)."""
+    manager = release.manager(pcp_world_size=batch.pcp_size, pcp_rank=rank,
+                              device=torch.device("cpu"), shard_decode_requests=False)
+    rows = len(batch.requests) + batch.dp_pad
+    buffers = types.SimpleNamespace(
+        positions=torch.tensor([r.context_len for r in batch.requests] + [0] * batch.dp_pad),
+        is_padding=torch.arange(rows) >= len(batch.requests))
+    assert manager.get_draft_input_buffers(buffers, rows)[0] is buffers  # a later draft step
+
+
 @pytest.fixture
 def plugins_loader(monkeypatch):
     """0.33.0's vllm/plugins/__init__.py from the wheel, with `vllm.envs` stood in, discovering
@@ -102,8 +135,9 @@ def plugins_loader(monkeypatch):
     points = importlib.metadata.EntryPoints(
         importlib.metadata.EntryPoint(name, value, group)
         for group, entries in declared.items() for name, value in entries.items())
-    monkeypatch.setattr(importlib.metadata, "entry_points",
-                        lambda group: points.select(group=group))
+    installed_points = importlib.metadata.entry_points  # triton, loaded later, asks for all
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **params: (
+        points.select(**params) if "group" in params else installed_points(**params)))
     module = types.ModuleType("vllm.plugins")
     exec(compile(source, "vllm/plugins/__init__.py", "exec"), module.__dict__)
     return module
@@ -118,10 +152,21 @@ def recorded_through(version, cases, tmp_path, monkeypatch, plugins_loader):
     monkeypatch.setitem(sys.modules, record.MANAGER_MODULE,
                         types.SimpleNamespace(PCPManager=release.manager))
     monkeypatch.setitem(sys.modules, record.GATHER_MODULE, release.gather_module)
-    for attribute in ("__init__", "_build_batch_layout", "_convert_to_gathered_slot_mappings"):
-        monkeypatch.setattr(release.manager, attribute, getattr(release.manager, attribute))
+    for attribute in ("__init__", "_build_batch_layout", "partition_batch",
+                      "get_draft_input_buffers", "_convert_to_gathered_slot_mappings"):
+        if hasattr(release.manager, attribute):  # 0.29.0 has no get_draft_input_buffers
+            monkeypatch.setattr(release.manager, attribute, getattr(release.manager, attribute))
     monkeypatch.setattr(release.gather_module, record.MLA_WRAPPER,
                         getattr(release.gather_module, record.MLA_WRAPPER))
+    # triton's interpreter (the release's slot kernel) is not thread-safe: the ranks lay their
+    # steps out in turn, and meet only at the gather's collectives
+    lock, rank_inputs = threading.Lock(), step_module.rank_inputs
+
+    def in_turn(*args):
+        with lock:
+            return rank_inputs(*args)
+
+    monkeypatch.setattr(step_module, "rank_inputs", in_turn)
     monkeypatch.setattr(record, "_RECORDER", None)
     monkeypatch.setenv(record.ENV_DIR, str(tmp_path / "rec"))
     monkeypatch.setenv(record.ENV_BLOCK_SIZE, str(BLOCK))
@@ -137,6 +182,8 @@ def recorded_through(version, cases, tmp_path, monkeypatch, plugins_loader):
         group, results = BarrierGroup(case.batch.pcp_size), {}
 
         def run(rank, case=case, group=group, results=results):
+            if case.batch.regime == DRAFT:
+                draft_inputs(release, case.batch, rank)
             with bound_group(group.rank(rank)):
                 results[rank] = rank_step(case.to_json(), spec, rank)
 
@@ -148,12 +195,23 @@ def recorded_through(version, cases, tmp_path, monkeypatch, plugins_loader):
         assert all(results[r]["layout_error"] is None for r in results), results
         computed.append({r: (results[r]["slot_map"], results[r]["nd"]) for r in results})
     recorded = {}
-    for path in sorted((tmp_path / "rec").glob("*.jsonl")):
-        for line in map(json.loads, path.read_text().splitlines()):
+    for line in recorded_lines(tmp_path / "rec"):
+        if line["kind"] != OUTPUTS:
             recorded.setdefault(line["step"], {})[line["rank"]] = (
                 line["release"]["slot_mapping"], line["release"]["num_decode_tokens"])
     # each rank counts its own steps: step k of every rank is the k-th case driven
     return spec, computed, [recorded[k] for k in sorted(recorded)]
+
+
+def recorded_lines(directory) -> list[dict]:
+    return [json.loads(text) for path in sorted(Path(directory).glob("*.jsonl"))
+            for text in path.read_text().splitlines()]
+
+
+def outputs_of(directory) -> dict[tuple[int, int], str]:
+    """(step, rank) -> the sha256 of the gather's outputs its outputs line carries."""
+    return {(line["step"], line["rank"]): line["sha256"] for line in recorded_lines(directory)
+            if line["kind"] == OUTPUTS}
 
 
 @pytest.mark.parametrize("pcp", (2, 3))
@@ -162,8 +220,28 @@ def test_the_recording_of_0_33_0s_own_path_replays_to_the_same_verdict_and_integ
     spec, computed, recorded = recorded_through("0.33.0", drawn_steps(9, pcp), tmp_path,
                                                 monkeypatch, plugins_loader)
     assert recorded == computed
+    # every recorded step's gather returned: each rank's step line has its outputs line
+    assert sorted(outputs_of(tmp_path / "rec")) == [(k, r) for k in range(len(computed))
+                                                   for r in range(pcp)]
     result = check_steps(spec["location"], str(tmp_path / "rec"))
     assert result.findings == [] and result.judged == len(computed), result.text()
+    assert result.outputs_hashed == len(computed) * pcp
+    assert f"gather outputs hashed on {len(computed) * pcp} ranks' steps" in result.text()
+
+
+def test_later_draft_steps_of_0_33_0s_own_path_are_recorded_and_replay_to_the_same_integers(
+        tmp_path, monkeypatch, plugins_loader):
+    """Target and later draft steps interleaved, as a speculating server runs them."""
+    targets, drafts = drawn_steps(3, 2), drawn_draft_steps(6, 2)
+    cases = [c for pair in zip(targets, drafts[::2], drafts[1::2]) for c in pair]
+    spec, computed, recorded = recorded_through("0.33.0", cases, tmp_path, monkeypatch,
+                                                plugins_loader)
+    assert recorded == computed
+    kinds = {line["step"]: line["kind"] for line in recorded_lines(tmp_path / "rec")
+             if line["kind"] != OUTPUTS}
+    assert [kinds[k] for k in sorted(kinds)] == ["target", "draft", "draft"] * 3
+    result = check_steps(spec["location"], str(tmp_path / "rec"))
+    assert result.findings == [] and result.judged == len(cases), result.text()
 
 
 def test_0_29_0s_batch_order_defect_is_recorded_before_its_collective_and_replays_collective(
@@ -176,6 +254,8 @@ def test_0_29_0s_batch_order_defect_is_recorded_before_its_collective_and_replay
                                                 monkeypatch, plugins_loader)
     assert recorded == computed and computed[1] == {0: ([4, 18, -1, -1], 0),
                                                     1: ([4, 18, -1, -1], 1)}
+    # step 1's collective raised: its step lines are on disk, its outputs lines are not
+    assert sorted(outputs_of(tmp_path / "rec")) == [(0, 0), (0, 1), (2, 0), (2, 1)]
     result = check_steps(spec["location"], str(tmp_path / "rec"))
     assert [(f.kind, f.step) for f in result.findings] == [(COLLECTIVE, 1)], result.text()
 
@@ -191,12 +271,24 @@ class Manager:
         self.calls += 1
         return "layout"
 
+    def partition_batch(self, input_batch, batch_desc):
+        """As the release's: the step entry, laying out the global batch it gets."""
+        self._build_batch_layout(input_batch.num_scheduled_tokens,
+                                 input_batch.num_computed_tokens_np, input_batch.is_prefilling_np,
+                                 input_batch.query_start_loc_np)
+        return input_batch
+
     def _convert_to_gathered_slot_mappings(self, global_batch_slot_mappings):
         return global_batch_slot_mappings
 
+    def get_draft_input_buffers(self, input_buffers, num_tokens):
+        return input_buffers, None
+
 
 def mla_wrapper(kv_c_normed, k_pe, slot_mapping, num_decode_tokens, use_pcp):
-    return kv_c_normed, k_pe, slot_mapping
+    if kv_c_normed.isnan().any():  # stands for a collective that crashes
+        raise RuntimeError("all_gather failed")
+    return kv_c_normed[:num_decode_tokens], k_pe[:num_decode_tokens], slot_mapping
 
 
 def installed(tmp_path, every=1, max_steps=100):
@@ -208,16 +300,15 @@ def installed(tmp_path, every=1, max_steps=100):
     return recorder, manager_module.PCPManager(2, 0), gather_module
 
 
-def step(manager, gather, slots=(3, -1)):
+def step(manager, gather, slots=(3, -1), fill=0.0):
     manager._build_batch_layout([1], [3], [False], [0, 1])
     manager._convert_to_gathered_slot_mappings(torch.tensor([[3]]))
-    rows = torch.zeros(2, 4)
+    rows = torch.full((2, 4), fill)
     return gather.maybe_gather_mla_latent_cache_inputs(rows, rows, list(slots), 1, True)
 
 
 def recorded_steps(tmp_path) -> list[int]:
-    return [json.loads(line)["step"] for path in tmp_path.glob("*.jsonl")
-            for line in path.read_text().splitlines()]
+    return [line["step"] for line in recorded_lines(tmp_path) if line["kind"] != OUTPUTS]
 
 
 def test_off_unless_pcpcheck_record_is_set(monkeypatch):
@@ -251,3 +342,57 @@ def test_a_caller_that_bound_the_wrapper_before_the_plugin_loaded_calls_the_reco
     assert caller.maybe_gather_mla_latent_cache_inputs is getattr(gather, record.MLA_WRAPPER)
     step(manager, types.SimpleNamespace(**vars(caller)))
     assert recorded_steps(tmp_path) == [0]
+
+
+def test_each_recorded_step_gets_an_outputs_line_with_the_sha256_of_what_the_gather_returned(
+        tmp_path):
+    _, manager, gather = installed(tmp_path, every=2)
+    returned = [step(manager, gather) for _ in range(3)]
+    records = [record for _, record in read_lines(sorted(tmp_path.glob("*.jsonl")))]
+    assert [(r["kind"], r["step"]) for r in records] == [
+        ("target", 0), (OUTPUTS, 0), ("target", 2), (OUTPUTS, 2)]
+    assert records[1]["sha256"] == record._digest(*returned[0])
+    assert records[1]["sha256"] != records[0]["release"]["sha256"]["inputs"]  # not the inputs'
+
+
+def test_a_gather_that_raises_leaves_its_step_line_and_no_outputs_line(tmp_path, caplog):
+    recorder, manager, gather = installed(tmp_path)
+    with pytest.raises(RuntimeError, match="all_gather failed"):  # vLLM's own error, untouched
+        step(manager, gather, fill=float("nan"))
+    step(manager, gather)
+    assert [(line["kind"], line["step"]) for line in recorded_lines(tmp_path)] == [
+        ("target", 0), ("target", 1), (OUTPUTS, 1)]
+    assert not recorder.stopped and caplog.records == []
+
+
+def test_each_requests_scheduled_draft_tokens_come_from_the_global_batch_partition_batch_got(
+        tmp_path):
+    """A verify step (a decode with 2 drafts before a 3-token prefill chunk), then a step
+    without speculation (the batch has no per-request draft counts)."""
+    _, manager, gather = installed(tmp_path)
+    for drafts in ([2, 0], None):
+        manager.partition_batch(types.SimpleNamespace(
+            num_scheduled_tokens=np.array([3, 3]), num_computed_tokens_np=np.array([5, 0]),
+            is_prefilling_np=np.array([False, True]), query_start_loc_np=np.array([0, 3, 6]),
+            num_draft_tokens_per_req=None if drafts is None else np.array(drafts)), None)
+        manager._convert_to_gathered_slot_mappings(torch.tensor([[5, 6, 7, 16, 17, 18]]))
+        rows = torch.zeros(6, 4)
+        gather.maybe_gather_mla_latent_cache_inputs(rows, rows, [5, 6, 7, 16, 17, 18], 3, True)
+    lines = [line for line in recorded_lines(tmp_path) if line["kind"] != OUTPUTS]
+    assert [[r["draft_tokens"] for r in line["requests"]] for line in lines] == [[2, 0], [0, 0]]
+
+
+def test_a_draft_pass_on_an_expanded_map_is_not_recorded_as_a_later_draft_step(tmp_path):
+    """A speculator that hands no draft prefill batch runs its first pass on the target step's
+    expanded map (more slots than rows): only the pass on an unexpanded map is a draft step."""
+    _, manager, gather = installed(tmp_path)
+    buffers = types.SimpleNamespace(positions=torch.tensor([40, 7]))
+    rows = torch.zeros(2, 4)
+    manager.get_draft_input_buffers(buffers, 2)
+    gather.maybe_gather_mla_latent_cache_inputs(rows, rows, [40, 7, -1, -1], 2, True)
+    manager.get_draft_input_buffers(buffers, 2)
+    gather.maybe_gather_mla_latent_cache_inputs(rows, rows, [40, -1], 1, True)
+    [line] = [line for line in recorded_lines(tmp_path) if line["kind"] != OUTPUTS]
+    assert (line["kind"], line["step"], line["dp_pad"]) == ("draft", 1, 1)
+    assert [(r["computed"], r["first_block"], r["block_ids"]) for r in line["requests"]] == [
+        (40, 2, [[2]])]

@@ -16,9 +16,9 @@ from pcpcheck.api import check_steps
 from pcpcheck.cli import main
 from pcpcheck.shared.case import Case
 from pcpcheck.shared.errors import SourceError
-from pcpcheck.vllm.recording import SCHEMA
+from pcpcheck.vllm.recording import OUTPUTS, SCHEMA
 from pcpcheck.vllm.source import fetch_release
-from pcpcheck.vllm.steps import DISAGREE, MISMATCH, OUTSIDE
+from pcpcheck.vllm.steps import DISAGREE, MISMATCH, OUTSIDE, read_recording
 from pcpcheck_spec.names import COLLECTIVE
 
 RELEASE_TREE = Path(__file__).parent / "vllmlike" / "release"
@@ -183,3 +183,33 @@ def test_a_malformed_line_exits_2_naming_file_and_line(tmp_path, capsys, kind):
     assert len(err.splitlines()) == 1 and f"{path}:2: " in err, err
     assert {"truncated": "truncated", "schema": "pcpcheck.step/0",
             "negative": "scheduled must be a whole number >= 0"}[kind] in err
+
+
+def outputs(rank: int, *, step: int = 7, sha256: str = "ab" * 32) -> dict:
+    return {"schema": SCHEMA, "kind": OUTPUTS, "step": step, "rank": rank, "dcp_rank": 0,
+            "sha256": sha256}
+
+
+def test_an_outputs_line_is_attached_to_its_step_and_rank_and_a_missing_one_is_valid(tmp_path):
+    """Rank 0's gather returned (its outputs line), rank 1's hung or crashed (none)."""
+    path = write(tmp_path / "rank.jsonl", [NEW_ERA[0], NEW_ERA[1], outputs(0)])
+    [step] = read_recording(path)
+    assert step.ranks[0]["sha256"] == {"outputs": "ab" * 32} and "sha256" not in step.ranks[1]
+    result = check_steps(RELEASE_TREE, path)
+    assert result.findings == [] and result.outputs_hashed == 1, result.text()
+    assert "gather outputs hashed on 1 ranks' steps (recorded, not compared" in result.text()
+
+
+MALFORMED_OUTPUTS = {
+    "sha256 must be 64 lowercase hex digits": outputs(0, sha256="xyz"),
+    "outputs line: missing dcp_rank": {k: v for k, v in outputs(0).items() if k != "dcp_rank"},
+    "outputs of step 8 rank 0, which has no step line": outputs(0, step=8),
+}
+
+
+@pytest.mark.parametrize("problem", MALFORMED_OUTPUTS)
+def test_a_malformed_outputs_line_exits_2_naming_file_and_line(tmp_path, capsys, problem):
+    path = write(tmp_path / "rank.jsonl", [NEW_ERA[0], MALFORMED_OUTPUTS[problem], NEW_ERA[1]])
+    assert main(["vllm", str(RELEASE_TREE), "--steps", path]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{path}:2: {problem}" in err, err

@@ -5,10 +5,13 @@ live server in the schema of pcpcheck.vllm.recording (docs/record.md), for
 Off unless PCPCHECK_RECORD=DIR. vLLM calls `register()` in every process, possibly more than
 once: the patches are installed once per class and function. It wraps the release's own code at
 the PCP boundary: PCPManager's constructor (its parallel sizes and ranks), `_build_batch_layout`
-(the step as the model runner hands it), `_convert_to_gathered_slot_mappings` (the global slot
-maps, hence each request's blocks) and the MLA wrapper (the slot map and num_decode_tokens the
-gather gets, and the sha256 of its inputs). One line per rank and recorded step, written before
-the gather runs, so that a step whose collective hangs or crashes is on disk.
+(the step as the model runner hands it), `partition_batch` (each request's scheduled draft
+tokens, from the global batch), `get_draft_input_buffers` (a later draft step's positions: its
+requests are read back from the unexpanded map the MLA wrapper gets),
+`_convert_to_gathered_slot_mappings` (the global slot maps, hence each request's blocks) and the
+MLA wrapper (the slot map and num_decode_tokens the gather gets, and the sha256 of its inputs). One line per rank and recorded step, written before
+the gather runs, so that a step whose collective hangs or crashes is on disk; once the wrapped
+gather returns, a second, small line (kind "outputs") carries the sha256 of its outputs.
 Never an exception into vLLM: a recorder failure is logged once and recording stops.
 Runs inside vLLM: it imports nothing of pcpcheck's judge or driver.
 """
@@ -26,7 +29,7 @@ import sys
 import numpy as np
 import torch
 
-from pcpcheck.vllm.recording import TARGET, step_line
+from pcpcheck.vllm.recording import DRAFT_STEP, TARGET, outputs_line, step_line
 
 ENV_DIR = "PCPCHECK_RECORD"
 ENV_EVERY = "PCPCHECK_RECORD_EVERY"  # record one step in N (per rank, the same steps everywhere)
@@ -74,25 +77,52 @@ class Recorder:
     # --- the hooks ---------------------------------------------------------------------------
 
     def on_layout(self, manager, arguments: dict) -> None:
-        config = manager.__dict__.get(_MARK, {})
-        key = int(config.get("pcp_rank", 0))  # one manager per process: its steps, from 0
-        step = self.counts[key] = self.counts.get(key, -1) + 1
-        self.pending.pop(key, None)
-        if step % self.every:
+        counted = self._count(manager)
+        if counted is None:
             return
         q = [int(v) for v in np.asarray(arguments["num_scheduled_tokens"]).tolist()]
-        self.pending[key] = {
-            "step": step, "rank": key,
-            "pcp_size": int(config.get("pcp_world_size", 1)),
-            "dcp_size": int(config.get("dcp_world_size", 1)),
-            "dcp_rank": int(config.get("dcp_rank", 0)),
-            "interleave": int(config.get("cp_interleave", 1)),
-            "shard_decode_requests": bool(config.get("shard_decode_requests", False)),
+        self.pending[counted[0]] = {
+            **self._configuration(*counted), "kind": TARGET,
             "graph_size": int(arguments.get("padded_num_tokens") or 0),
             "scheduled": q,
             "computed": [int(v) for v in np.asarray(arguments["num_computed_tokens"]).tolist()],
             "prefilling": [bool(v) for v in np.asarray(arguments["is_prefilling"]).tolist()],
         }
+
+    def _count(self, manager) -> tuple[int, dict, int] | None:
+        """The rank's next step number (target and later draft steps share it): (rank, its
+        manager's configuration, step), or None when the step is not sampled."""
+        config = manager.__dict__.get(_MARK, {})
+        key = int(config.get("pcp_rank", 0))  # one manager per process: its steps, from 0
+        step = self.counts[key] = self.counts.get(key, -1) + 1
+        self.pending.pop(key, None)
+        return None if step % self.every else (key, config, step)
+
+    def _configuration(self, key: int, config: dict, step: int) -> dict:
+        return {"step": step, "rank": key,
+                "pcp_size": int(config.get("pcp_world_size", 1)),
+                "dcp_size": int(config.get("dcp_world_size", 1)),
+                "dcp_rank": int(config.get("dcp_rank", 0)),
+                "interleave": int(config.get("cp_interleave", 1)),
+                "shard_decode_requests": bool(config.get("shard_decode_requests", False))}
+
+    def on_draft_buffers(self, manager, input_buffers, num_tokens: int) -> None:
+        """A later draft step (the manager hands the draft model the global buffers: no draft
+        prefill batch): its positions, for the step line its first MLA layer writes."""
+        if manager.__dict__.get("draft_prefill_batch") is not None:
+            return  # the first draft pass: the target step's PCP-local batch and expanded map
+        counted = self._count(manager)
+        if counted is not None:
+            self.pending[counted[0]] = {**self._configuration(*counted), "kind": DRAFT_STEP,
+                                        "positions": _plain(input_buffers.positions[:num_tokens])}
+
+    def on_partition(self, manager, input_batch) -> None:
+        """Each request's scheduled draft tokens, from the global batch `partition_batch` got
+        (its `_build_batch_layout` call made the step pending)."""
+        step = self.pending.get(int(manager.__dict__.get(_MARK, {}).get("pcp_rank", 0)))
+        drafts = getattr(input_batch, "num_draft_tokens_per_req", None)
+        if step is not None and drafts is not None:
+            step["draft_tokens"] = [int(v) for v in np.asarray(drafts).tolist()]
 
     def on_slot_maps(self, manager, global_maps) -> None:
         """Each request's blocks per KV group, read back from the global slot maps: the block of
@@ -119,38 +149,72 @@ class Recorder:
             blocks[where[owned]] = group[owned] // self.block_size
             groups.append([None if b < 0 else b for b in blocks.tolist()])
         bounds = np.cumsum(counts).tolist()
-        requests = [{"scheduled": n, "computed": c, "prefilling": p, "draft_tokens": 0,
+        drafts = step.get("draft_tokens") or [0] * len(q)  # None: no request has any
+        requests = [{"scheduled": n, "computed": c, "prefilling": p, "draft_tokens": d,
                      "first_block": f, "block_ids": [g[end - k:end] for g in groups]}
-                    for n, c, p, f, k, end in zip(step["scheduled"], step["computed"],
-                                                  step["prefilling"], first.tolist(),
-                                                  counts.tolist(), bounds)]
+                    for n, c, p, d, f, k, end in zip(step["scheduled"], step["computed"],
+                                                     step["prefilling"], drafts, first.tolist(),
+                                                     counts.tolist(), bounds)]
         step["requests"] = requests
 
-    def on_gather(self, rank: int, arguments: dict) -> None:
-        step = self.pending.pop(rank, None)  # the step's first MLA layer is its record
+    def on_gather(self, rank: int, arguments: dict) -> tuple | None:
+        """Write the step's line (its first MLA layer is its record); the line's identity, for
+        its outputs line, or None when this call records nothing."""
+        step = self.pending.pop(rank, None)
+        if step is not None and step["kind"] == DRAFT_STEP:
+            self.on_draft_gather(step, arguments)
         if step is None or "requests" not in step:
-            return
+            return None
+        if self.written >= self.max_steps:
+            self.stop(f"pcpcheck recorder: {self.max_steps} steps recorded "
+                      f"({ENV_MAX_STEPS}); recording stops")
+            return None
         fields = {key: step[key] for key in ("step", "rank", "pcp_size", "dcp_size", "dcp_rank",
-                                             "interleave", "graph_size", "shard_decode_requests",
+                                             "interleave", "shard_decode_requests", "kind",
                                              "requests")}
         slots = _plain(arguments["slot_mapping"])
-        line = step_line(self.written == 0, **fields, block_size=self.block_size, dp_pad=0,
-                         kind=TARGET,
+        line = step_line(self.written == 0, **fields, block_size=self.block_size,
+                         graph_size=step.get("graph_size", 0), dp_pad=step.get("dp_pad", 0),
                          release={"slot_mapping": [int(s) for s in slots],
                                   "num_decode_tokens": int(arguments["num_decode_tokens"]),
                                   "sha256": {"inputs": _digest(
                                       arguments["kv_c_normed"], arguments["k_pe"],
                                       arguments["slot_mapping"])}})
-        name = f"pcp{fields['rank']}-dcp{fields['dcp_rank']}-{os.getpid()}.jsonl"
+        self._write(fields["rank"], fields["dcp_rank"], line)
+        self.written += 1
+        return fields["step"], fields["rank"], fields["dcp_rank"]
+
+    def on_draft_gather(self, step: dict, arguments: dict) -> None:
+        """A later draft step's requests, from its unexpanded map (D = 1): one query token per
+        request, all of them decode rows (0.33.0 classifies every real row of a later draft step
+        decode: num_decode_tokens is the real count); the rows past it are DP padding."""
+        rows, slots = int(arguments["kv_c_normed"].shape[0]), _plain(arguments["slot_mapping"])
+        if step["dcp_size"] != 1 or len(slots) > rows:
+            # D > 1: the layout model's draft steps have D = 1; an expanded map: a first draft
+            # pass on the target step's layout (a speculator without a draft prefill batch)
+            return
+        real = int(arguments["num_decode_tokens"])
+        slots = slots[:real]
+        positions = [int(p) for p in step["positions"][:real]]
+        step["dp_pad"] = rows - real
+        step["requests"] = [
+            {"scheduled": 1, "computed": p, "prefilling": False, "draft_tokens": 0,
+             "first_block": p // self.block_size,
+             "block_ids": [[int(s) // self.block_size if s >= 0 else None]]}
+            for p, s in zip(positions, slots)]
+
+    def on_outputs(self, written: tuple, outputs) -> None:
+        """The line after the step's gather returned: the sha256 of its outputs."""
+        step, rank, dcp_rank = written
+        self._write(rank, dcp_rank, outputs_line(step, rank, dcp_rank, _digest(*outputs)))
+
+    def _write(self, rank: int, dcp_rank: int, line: str) -> None:
+        name = f"pcp{rank}-dcp{dcp_rank}-{os.getpid()}.jsonl"
         if name not in self.handles:
             os.makedirs(self.directory, exist_ok=True)
             self.handles[name] = open(os.path.join(self.directory, name), "a", encoding="utf-8")
         self.handles[name].write(line + "\n")
         self.handles[name].flush()
-        self.written += 1
-        if self.written >= self.max_steps:
-            self.stop(f"pcpcheck recorder: {self.max_steps} steps recorded "
-                      f"({ENV_MAX_STEPS}); recording stops")
 
 
 def _plain(value):
@@ -199,6 +263,12 @@ def install(recorder: Recorder, manager_module, gather_module) -> None:
         lambda: self.__dict__.__setitem__(_MARK, _bound(sig, self, a, k))))
     _wrap_method(manager, "_build_batch_layout", lambda self, sig, a, k: recorder.safely(
         lambda: recorder.on_layout(self, _bound(sig, self, a, k))))
+    if hasattr(manager, "get_draft_input_buffers"):  # 0.30+: each draft pass's inputs
+        _wrap_method(manager, "get_draft_input_buffers", lambda self, sig, a, k: recorder.safely(
+            lambda: recorder.on_draft_buffers(self, *list(_bound(sig, self, a, k).values())[1:])))
+    if hasattr(manager, "partition_batch"):  # the step entry, with the global batch
+        _wrap_method(manager, "partition_batch", lambda self, sig, a, k: recorder.safely(
+            lambda: recorder.on_partition(self, _bound(sig, self, a, k)["input_batch"])))
     _wrap_method(manager, "_convert_to_gathered_slot_mappings",
                  lambda self, sig, a, k: recorder.safely(
                      lambda: recorder.on_slot_maps(self, _bound(sig, self, a, k).popitem()[1])))
@@ -211,13 +281,19 @@ def install(recorder: Recorder, manager_module, gather_module) -> None:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         if bound.arguments.get("use_pcp") and bound.arguments.get("num_decode_tokens") is not None:
-            recorder.on_gather(_pcp_rank(gather_module), dict(bound.arguments))
+            return recorder.on_gather(_pcp_rank(gather_module), dict(bound.arguments))
+        return None
 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
-        # before the gather runs: a step whose collective hangs or crashes is on disk
-        recorder.safely(lambda: record(args, kwargs))
-        return original(*args, **kwargs)
+        # the step's line before the gather runs: a step whose collective hangs or crashes is on
+        # disk; its outputs line only once the gather returned (none if it raised)
+        written = []
+        recorder.safely(lambda: written.append(record(args, kwargs)))
+        result = original(*args, **kwargs)
+        if written and written[0] is not None:
+            recorder.safely(lambda: recorder.on_outputs(written[0], result))
+        return result
 
     setattr(wrapper, _MARK, True)
     setattr(gather_module, MLA_WRAPPER, wrapper)

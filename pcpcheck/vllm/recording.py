@@ -1,4 +1,5 @@
-"""The recorded-step schema (docs/record.md): one JSON line per PCP rank and step, written by the
+"""The recorded-step schema (docs/record.md): one JSON line per PCP rank and step (and, once the
+rank's gather returned, a small `outputs` line carrying its outputs' sha256), written by the
 recorder plugin inside vLLM (pcpcheck.vllm.record) and read by `pcpcheck vllm SOURCE --steps`
 (pcpcheck.vllm.steps). Both sides use this module, so the schema has one statement.
 
@@ -14,12 +15,14 @@ from pcpcheck.shared.errors import UsageError
 
 SCHEMA = "pcpcheck.step/1"
 TARGET, DRAFT_STEP = "target", "draft"  # a step's kind: the expanded PCP step or a later draft step
+OUTPUTS = "outputs"  # the line after a step's gather returned: the sha256 of its outputs
 
 # field -> type, for the line and for each request
 _LINE_INTS = ("step", "rank", "pcp_size", "dcp_size", "dcp_rank", "block_size", "interleave",
               "graph_size", "dp_pad")
 _REQUEST_INTS = ("scheduled", "computed", "draft_tokens", "first_block")
 _RELEASE_FIELDS = ("slot_mapping", "num_decode_tokens", "sha256")
+_OUTPUTS_INTS = ("step", "rank", "dcp_rank")
 
 
 def _whole(value, name: str, low: int = 0) -> int:
@@ -40,7 +43,26 @@ def _keys(data, name: str, required: tuple[str, ...], optional: tuple[str, ...] 
     return data
 
 
+def _sha256(value, name: str) -> str:
+    if not (isinstance(value, str) and len(value) == 64
+            and all(c in "0123456789abcdef" for c in value)):
+        raise ValueError(f"{name} must be 64 lowercase hex digits, got {value!r}")
+    return value
+
+
+def _outputs(data: dict) -> dict:
+    _keys(data, "outputs line", ("schema", "kind", *_OUTPUTS_INTS, "sha256"))
+    if data["schema"] != SCHEMA:
+        raise ValueError(f"schema {data['schema']!r} is not {SCHEMA!r}")
+    for key in _OUTPUTS_INTS:
+        _whole(data[key], key)
+    _sha256(data["sha256"], "sha256")
+    return data
+
+
 def _record(data) -> dict:
+    if isinstance(data, dict) and data.get("kind") == OUTPUTS:
+        return _outputs(data)
     data = _keys(data, "line", ("schema", *_LINE_INTS, "shard_decode_requests", "kind",
                                 "requests", "release"))
     if data["schema"] != SCHEMA:
@@ -54,7 +76,8 @@ def _record(data) -> dict:
     if not isinstance(data["shard_decode_requests"], bool):
         raise ValueError("shard_decode_requests must be true or false")
     if data["kind"] not in (TARGET, DRAFT_STEP):
-        raise ValueError(f"kind must be {TARGET!r} or {DRAFT_STEP!r}, got {data['kind']!r}")
+        raise ValueError(f"kind must be {TARGET!r}, {DRAFT_STEP!r} or {OUTPUTS!r}, "
+                         f"got {data['kind']!r}")
     if not isinstance(data["requests"], list):
         raise ValueError("requests must be a list")
     for i, request in enumerate(data["requests"]):
@@ -77,6 +100,9 @@ def _record(data) -> dict:
     for slot in release["slot_mapping"]:
         _whole(slot, "release: slot_mapping entry", -1)
     _whole(release["num_decode_tokens"], "release: num_decode_tokens")
+    if "sha256" in release:
+        for key, value in _keys(release["sha256"], "release: sha256", (), ("inputs",)).items():
+            _sha256(value, f"release: sha256: {key}")
     return data
 
 
@@ -106,6 +132,12 @@ def read_lines(paths) -> list[tuple[str, dict]]:
                     where = f"{path}:{number}"
                     records.append((where, parse_line(text, where)))
     return records
+
+
+def outputs_line(step: int, rank: int, dcp_rank: int, sha256: str) -> str:
+    """The JSON line of one rank's gather outputs (the recorder writes it after the gather)."""
+    return json.dumps({"schema": SCHEMA, "kind": OUTPUTS, "step": step, "rank": rank,
+                       "dcp_rank": dcp_rank, "sha256": sha256}, separators=(",", ":"))
 
 
 def step_line(check: bool = True, **fields) -> str:

@@ -23,7 +23,7 @@ from pcpcheck.shared.case import Case, TensorSpec
 from pcpcheck.shared.errors import UsageError
 from pcpcheck.shared.messages import ReleaseInfo
 from pcpcheck.vllm.judge import capabilities, run_release_cases
-from pcpcheck.vllm.recording import DRAFT_STEP, read_lines
+from pcpcheck.vllm.recording import DRAFT_STEP, OUTPUTS, read_lines
 from pcpcheck.vllm.verdict import counterexample, release_order
 from pcpcheck_spec.names import DCP, DRAFT, REPLICATED, SHARDED, Batch, Request
 
@@ -59,6 +59,9 @@ class StepsResult:
     steps: int
     judged: int
     findings: list[Finding]
+    # ranks' steps whose gather outputs' sha256 was recorded: carried, never compared (the live
+    # inputs' values are recorded as a hash only, so the replay cannot recompute the outputs)
+    outputs_hashed: int = 0
 
     @property
     def exit_code(self) -> int:
@@ -66,7 +69,9 @@ class StepsResult:
 
     def text(self) -> str:
         lines = [f"pcpcheck: {self.steps} recorded steps of {self.target_name} "
-                 f"({', '.join(self.files)}): {self.judged} judged"]
+                 f"({', '.join(self.files)}): {self.judged} judged"
+                 + (f"; gather outputs hashed on {self.outputs_hashed} ranks' steps (recorded, "
+                    "not compared: docs/record.md)" if self.outputs_hashed else "")]
         lines += [finding.text for finding in self.findings]
         lines.append(f"{len(self.findings)} findings" if self.findings
                      else "every recorded step holds and equals the release's replay")
@@ -86,10 +91,18 @@ def recording_files(path) -> list[Path]:
     return [path]
 
 
+def outputs_hashed(steps: list[RecordedStep]) -> int:
+    return sum("outputs" in release.get("sha256", {}) for step in steps
+               for release in step.ranks.values())
+
+
 def read_recording(path) -> list[RecordedStep]:
     """Every recorded step, ranks grouped; UsageError (exit 2) on a malformed line."""
     steps: dict[int, RecordedStep] = {}
-    for where, record in read_lines(recording_files(path)):
+    records = read_lines(recording_files(path))
+    for where, record in records:
+        if record["kind"] == OUTPUTS:
+            continue  # attached below, once every rank's step line is grouped
         description = {k: v for k, v in record.items() if k not in _PER_RANK}
         step = steps.setdefault(record["step"], RecordedStep(record["step"], where, description))
         rank, known = record["rank"], step.ranks.get(record["rank"])
@@ -99,7 +112,22 @@ def read_recording(path) -> list[RecordedStep]:
             step.disagree.append(f"{where} (rank {rank})")
             continue
         step.ranks[rank] = record["release"]
+    for where, record in records:
+        if record["kind"] == OUTPUTS:
+            _attach_outputs(steps, where, record)
     return [steps[number] for number in sorted(steps)]
+
+
+def _attach_outputs(steps: dict[int, RecordedStep], where: str, record: dict) -> None:
+    """An outputs line's sha256 as its step's `release.sha256.outputs` for its rank; UsageError
+    for one with no step line (a step line without one is a gather that hung or crashed)."""
+    step, rank = steps.get(record["step"]), record["rank"]
+    if step is None or rank not in step.ranks:
+        raise UsageError(f"{where}: outputs of step {record['step']} rank {rank}, which has no "
+                         "step line")
+    hashes = step.ranks[rank].setdefault("sha256", {})
+    if hashes.setdefault("outputs", record["sha256"]) != record["sha256"]:
+        step.disagree.append(f"{where} (rank {rank}, gather outputs)")
 
 
 def _merge_blocks(into: dict, other: dict) -> bool:
