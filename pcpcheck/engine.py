@@ -154,19 +154,27 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = 8
         if reduce and not result.budget_reached:  # past the budget, the search's smallest stand
             result.counterexamples = [o if id(o) in run.replayed else run.reduced(o)
                                       for o in result.counterexamples]
-        # An invariant violated only beside an earlier one, where the shrunk cases lost it: the
-        # smallest case that showed it stands too, so every violated invariant cites a case.
-        shown = {v.invariant for o in result.counterexamples for v in o.violations}
-        for invariant, observation in run.witness.items():
-            if invariant not in shown:
-                result.counterexamples.append(observation)
-                shown.update(v.invariant for v in observation.violations)
-                if observation.costly:  # a hang's consequence (nothing written): not run again
-                    run.replayed[id(observation)] = Replays(0, 0)
+        for observation in uncited(result.counterexamples, run.witness):
+            result.counterexamples.append(observation)
+            if observation.costly:  # a hang's consequence (nothing written): not run again
+                run.replayed[id(observation)] = Replays(0, 0)
         result.counterexamples.sort(key=_priority)
         result.seconds = time.perf_counter() - started  # the search's rate: replays excluded
         result.replays = [run.replays(o) for o in result.counterexamples]
     return result
+
+
+def uncited(counterexamples, witness: dict) -> list:
+    """An invariant violated only beside an earlier one, where the counterexamples shown lost it:
+    the case `witness` holds for it (invariant -> a case violating it), so that every violated
+    invariant cites a case; each added case's violations count as cited."""
+    shown = {v.invariant for o in counterexamples for v in o.violations}
+    added = []
+    for invariant, observation in witness.items():
+        if invariant not in shown:
+            added.append(observation)
+            shown.update(v.invariant for v in observation.violations)
+    return added
 
 
 @dataclass

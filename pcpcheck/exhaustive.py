@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from pcpcheck import scope as scopes
-from pcpcheck.engine import RegimeResult, _priority, _Search
+from pcpcheck.engine import RegimeResult, _priority, _Search, uncited
 from pcpcheck.judge import run_cases
 
 NOTE = ("none needed: exhaustive search, the first violating step in order of size (P, requests, "
@@ -82,10 +82,6 @@ def exhaust(target, regime: str, runner, scope: scopes.Scope, *, deadline: float
         result.counterexamples = sorted(smallest.values(), key=_priority)
         for observation in result.counterexamples:
             observation.note = NOTE
-        shown = {v.invariant for o in result.counterexamples for v in o.violations}
-        for invariant, observation in witness.items():  # violated only beside another
-            if invariant not in shown:
-                result.counterexamples.append(observation)
-                shown.update(v.invariant for v in observation.violations)
+        result.counterexamples += uncited(result.counterexamples, witness)
         result.replays = [run.replays(o) for o in result.counterexamples]
     return result
