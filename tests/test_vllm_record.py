@@ -396,3 +396,13 @@ def test_a_draft_pass_on_an_expanded_map_is_not_recorded_as_a_later_draft_step(t
     assert (line["kind"], line["step"], line["dp_pad"]) == ("draft", 1, 1)
     assert [(r["computed"], r["first_block"], r["block_ids"]) for r in line["requests"]] == [
         (40, 2, [[2]])]
+
+
+def test_the_inputs_hash_reads_any_strides():
+    """A one-row view with stride 2 counts as contiguous, and a byte view of it fails: the
+    recorder once stopped on such a correct step. Its hash is its contiguous copy's."""
+    strided = torch.arange(10, dtype=torch.int64)[::2][:1]
+    assert strided.stride() == (2,) and strided.is_contiguous()
+    assert record._digest(strided) == record._digest(strided.clone())
+    expanded = torch.tensor([[1.5, 2.5]]).expand(3, 2)
+    assert record._digest(expanded) == record._digest(expanded.contiguous())

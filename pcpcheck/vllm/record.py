@@ -27,8 +27,8 @@ import os
 import sys
 
 import numpy as np
-import torch
 
+from pcpcheck.shared.wire import tensor_bytes
 from pcpcheck.vllm.recording import DRAFT_STEP, TARGET, outputs_line, step_line
 
 ENV_DIR = "PCPCHECK_RECORD"
@@ -222,12 +222,14 @@ def _plain(value):
 
 
 def _digest(*tensors) -> str:
+    # wire.tensor_bytes reads any strides (a one-row view with stride 2 counts as contiguous, and
+    # a byte view of it fails: the recorder would stop on a correct step)
     digest = hashlib.sha256()
     for tensor in tensors:
         if hasattr(tensor, "detach"):
-            tensor = tensor.detach().cpu().contiguous()
-            digest.update(str((tuple(tensor.shape), str(tensor.dtype))).encode())
-            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+            dtype, shape, content = tensor_bytes(tensor)
+            digest.update(str((tuple(shape), dtype)).encode())
+            digest.update(content)
     return digest.hexdigest()
 
 
