@@ -115,30 +115,29 @@ def test_an_off_by_one_in_the_slot_kernel_is_found(wheel, tmp_path, change):
     assert result.release.capabilities["replicated_kv_group"]  # 0.33 shards per KV group
 
 
-def test_the_cli_exits_1_on_the_changed_kernel_and_0_on_the_release(wheel, tmp_path, capsys):
+def _changed_exits_1_release_exits_0(wheel, tmp_path, capsys, mutation) -> tuple[str, str]:
+    """`pcpcheck vllm` on a checkout with `mutation` (exit 1) and on the release (exit 0), in dcp
+    and replicated at P = 2: what each printed."""
     _require_triton()
-    changed = checkout(wheel, tmp_path / "changed", OWNERSHIP)
     options = ["--regime", "dcp", "--regime", "replicated", "--max-examples", "40",
                "--max-ranks", "2"]
-    assert main(["vllm", str(changed), *options]) == 1
-    out = capsys.readouterr().out
-    assert "LAYOUT violated" in out
+    assert main(["vllm", str(checkout(wheel, tmp_path / "changed", mutation)), *options]) == 1
+    changed = capsys.readouterr().out
     assert main(["vllm", str(checkout(wheel, tmp_path / "release")), *options]) == 0
-    out = capsys.readouterr().out
-    assert f"    {SLOT_MAPPING:<27} real     {BLOCK_TABLE}" in out, out
+    return changed, capsys.readouterr().out
+
+
+def test_the_cli_exits_1_on_the_changed_kernel_and_0_on_the_release(wheel, tmp_path, capsys):
+    changed, release = _changed_exits_1_release_exits_0(wheel, tmp_path, capsys, OWNERSHIP)
+    assert "LAYOUT violated" in changed
+    assert f"    {SLOT_MAPPING:<27} real     {BLOCK_TABLE}" in release, release
 
 
 def test_a_kernel_that_stops_masking_dummy_requests_exits_1(wheel, tmp_path, capsys):
     """0.33's slot kernel is given a step's graph padding as a dummy request (idx_mapping -1):
     unmasked, the dummy writes slots (LAYOUT's dummy_slots); as shipped, it writes none."""
-    _require_triton()
-    changed = checkout(wheel, tmp_path / "changed", DUMMY_UNMASKED)
-    options = ["--regime", "dcp", "--regime", "replicated", "--max-examples", "40",
-               "--max-ranks", "2"]
-    assert main(["vllm", str(changed), *options]) == 1
-    out = capsys.readouterr().out
-    assert "LAYOUT violated" in out and "dummy_slots" in out, out
-    assert main(["vllm", str(checkout(wheel, tmp_path / "release")), *options]) == 0
+    changed, _ = _changed_exits_1_release_exits_0(wheel, tmp_path, capsys, DUMMY_UNMASKED)
+    assert "LAYOUT violated" in changed and "dummy_slots" in changed, changed
     result = check_release(checkout(wheel, tmp_path / "again"), regimes=(DCP,), max_examples=3,
                            max_ranks=2)
     assert result.release.capabilities["dummy_requests"]
