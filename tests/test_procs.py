@@ -222,6 +222,35 @@ def test_status_read_while_a_worker_writes_it_never_shows_a_false_hang(tmp_path)
         workspace.remove()
 
 
+def test_a_rank_long_running_before_the_driver_waits_is_told_before_its_hang(tmp_path):
+    """The driver may come to wait for a case late (it drew the next cases first, on a loaded
+    machine): a rank that has already run 1.5 s of a 2 s timeout is told at once, not a second
+    later, when it is already hung (CI once printed no wait for a hang)."""
+    from pcpcheck.backends import pool
+    from pcpcheck.shared.messages import MAX_RANKS, STATUS
+    status_path = tmp_path / "status"
+    status_path.write_bytes(STATUS.pack(0, time.monotonic() - 1.5, *[0.0] * MAX_RANKS,
+                                        *[0] * MAX_RANKS))
+    read_end, write_end = os.pipe()
+
+    class Late:  # a worker whose rank 0 runs and never reports
+        reader = pool.wire.Reader(read_end)
+        overtime = pool.WorkerProcess.overtime
+
+        def status(self):
+            return pool.read_status(status_path.read_bytes())
+
+    told = []
+    try:
+        outcome = pool.wait_results([Late()], 2.0, 0.1,
+                                    on_slow=lambda rank, seconds: told.append((rank, seconds)))
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert outcome == {0: ("hung", 0)}
+    assert told and told[0][0] == 0 and 1.5 <= told[0][1] < 2.0, told
+
+
 @pytest.mark.parametrize("backend_name", ["threads", "gloo"])
 @pytest.mark.parametrize("hostile, message", [
     ("hang_rank1.py", "rank 1 did not return within 2 s"),

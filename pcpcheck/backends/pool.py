@@ -250,7 +250,7 @@ def wait_results(workers: list[WorkerProcess], timeout: float, grace: float, wat
     pending = dict(enumerate(workers))
     hard_deadline = None
     tick = min(0.2, timeout / 4)
-    told = time.monotonic()
+    told = time.monotonic() - SLOW  # a rank may have run long before we came to wait: tell now
     while pending:
         now = time.monotonic()
         if on_slow is not None and now - told >= SLOW:
