@@ -26,7 +26,8 @@ INTERLEAVE_2 = "interleave 2"  # dcp with cp_kv_cache_interleave_size 2
 EMPTY_RANK = "rank with zero real rows"
 ROUND_ROBIN = "decodes dealt round-robin"  # shard flag, two or more decodes with rows
 SHORT_PREFILL_REPLICATED = "short prefill replicated (dcp)"  # (2P-1)*ceil(q/2P) >= q, D > 1
-KV_GROUPS = "several KV groups"  # a step carries one KV group today: always 0
+KV_GROUPS = "several KV groups"  # a release step whose gather calls were judged per KV group
+# (the engine counts it from the observation: a drawn gather case carries one group)
 SPLIT_HEAD_TAIL = "request split head/tail"  # a split prefill whose rank 0 gets both chunks
 FEATURES = (GRAPH_PADDING, DP_PADDING, MAP_PAST_ND, INTERLEAVE_2, EMPTY_RANK, ROUND_ROBIN,
             SHORT_PREFILL_REPLICATED, KV_GROUPS, SPLIT_HEAD_TAIL)

@@ -102,6 +102,9 @@ def count_coverage(result: RegimeResult, observation: Observation) -> None:
     regime's counts."""
     result.branches.update(coverage.branches(observation.prepared.case))
     result.features.update(coverage.features(observation.prepared.case))
+    # a release step judged per KV-cache group (other observations, a diff's pair, carry one)
+    if getattr(observation, "kv_groups", 1) > 1:
+        result.features[coverage.KV_GROUPS] += 1
 
 
 MIN_CASES = 10  # hypothesis' least test calls before it stops looking for more bugs

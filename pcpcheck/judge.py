@@ -293,12 +293,13 @@ def _device(tensor: torch.Tensor) -> str:
     return str(tensor.device) if where is None else where
 
 
-def judge(prepared: Prepared, views: list[RankView]) -> tuple[list[Violation], tuple[str, ...]]:
-    """Evaluate every predicate of spec.registry that applies in the case's regime; violations in
-    priority order, and the IDs whose predicate actually ran on this case."""
+def judge(prepared: Prepared, views: list[RankView], regime: str | None = None
+          ) -> tuple[list[Violation], tuple[str, ...]]:
+    """Evaluate every predicate of spec.registry that applies in `regime` (default: the case's);
+    violations in priority order, and the IDs whose predicate actually ran on this case."""
     step = Step(views, prepared.expected, prepared.labels[prepared.labels >= 0].tolist(),
                 len(prepared.case.tensors))
-    failed, ran = evaluate(step, prepared.case.batch.regime)
+    failed, ran = evaluate(step, regime or prepared.case.batch.regime)
     return [Violation(i, ranks) for i, ranks in failed.items()], ran
 
 

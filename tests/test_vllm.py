@@ -202,6 +202,25 @@ def test_release_0_33_0_wheel_holds_end_to_end(tmp_path):
     assert "vllm/v1/worker/gpu/pcp_manager.py" in dict(result.release.files)
 
 
+def test_a_wheel_is_never_seen_half_written(tmp_path, monkeypatch):
+    """Two runs (xdist workers, CI jobs) fetch into one cache: pip writes elsewhere and the
+    wheel appears whole, so the other run never opens a truncated zip."""
+    import subprocess
+    from pcpcheck.vllm import source
+
+    def pip_download(command, **_):
+        into = Path(command[command.index("-d") + 1])
+        (into / "vllm-9.9.9-py3-none-any.whl").write_bytes(b"half")
+        assert not list(tmp_path.glob("vllm-9.9.9-*.whl")), "a reader would see the partial wheel"
+        (into / "vllm-9.9.9-py3-none-any.whl").write_bytes(b"whole")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(source.subprocess, "run", pip_download)
+    wheel = fetch_release("9.9.9", tmp_path)
+    assert wheel.parent == tmp_path and wheel.read_bytes() == b"whole"
+    assert [p.name for p in tmp_path.iterdir()] == [wheel.name]  # no private folder left
+
+
 def test_interface_errors_are_typed(tmp_path):
     with pytest.raises(SourceError):
         check_release(tmp_path / "missing.whl", max_examples=1)

@@ -30,7 +30,8 @@ from pcpcheck.vllm.excerpts import (BACKEND_UTILS, MODEL_RUNNER, PARALLEL_CONFIG
 from pcpcheck.vllm.verdict import era_case
 from pcpcheck.vllm.kernels import BLOCK_TABLE, BUFFER_UTILS, NO_TRITON
 from pcpcheck.vllm.source import GATHERS, MANAGER, fetch_release
-from pcpcheck_spec.names import COLLECTIVE, DCP, LAYOUT, REPLICATED, Batch, Request
+from pcpcheck_spec.names import (COLLECTIVE, DCP, LAYOUT, REPLICA, REPLICATED, SHARD, Batch,
+                                 Request)
 
 pytestmark = pytest.mark.xdist_group("vllm_0_33_0_wheel")
 
@@ -131,6 +132,36 @@ def test_the_cli_exits_1_on_the_changed_kernel_and_0_on_the_release(wheel, tmp_p
     changed, release = _changed_exits_1_release_exits_0(wheel, tmp_path, capsys, OWNERSHIP)
     assert "LAYOUT violated" in changed
     assert f"    {SLOT_MAPPING:<27} real     {BLOCK_TABLE}" in release, release
+
+
+# A gather that skips the gather when its map has more written slots than the rank has rows (a
+# DCP-sharded group's map has about 1/D of the tokens: rarely; the replicated group's has them
+# all: whenever a prefill is split): it writes only the rank's own rows there.
+NO_GATHER_WHEN_MOSTLY_LOCAL = (
+    GATHERS[0], "    gathered_slot_mapping = slot_mapping[: pcp_size * local_num_tokens]\n",
+    "    if int((slot_mapping >= 0).sum()) > local_num_tokens:\n"
+    "        own = slot_mapping[: pcp_size * local_num_tokens].view(pcp_size, local_num_tokens)\n"
+    "        return tensors, own[pcp_group.rank_in_group]\n"
+    "    gathered_slot_mapping = slot_mapping[: pcp_size * local_num_tokens]\n")
+
+
+def test_the_replicated_kv_group_is_judged_by_replica(wheel, tmp_path):
+    """0.33 shards KV groups per `dcp_sharded`: under DCP the second group is replicated, and the
+    gather's call with that group's map must leave every rank the whole group (REPLICA), while
+    the first group's call is judged by SHARD. A gather wrong only on the replicated group's map
+    is found there, shown as that group's call; the release holds."""
+    _require_triton()
+    changed = check_release(checkout(wheel, tmp_path / "changed", NO_GATHER_WHEN_MOSTLY_LOCAL),
+                            regimes=(DCP,), max_examples=40, max_ranks=2)
+    found = {c.invariant: c for c in changed.counterexamples}
+    assert REPLICA in found, changed.verdicts()
+    assert "KV group 1, replicated under DCP" in found[REPLICA].report, found[REPLICA].report
+    release = check_release(checkout(wheel, tmp_path / "release"), regimes=(DCP,),
+                            max_examples=40, max_ranks=2)
+    assert not release.counterexamples, release.verdicts()
+    (regime,) = release.regimes
+    assert regime.checked[REPLICA] == regime.checked[SHARD] == regime.cases > 0
+    assert dict(regime.features)["several KV groups"] == regime.cases
 
 
 def test_a_kernel_that_stops_masking_dummy_requests_exits_1(wheel, tmp_path, capsys):

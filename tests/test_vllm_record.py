@@ -47,7 +47,8 @@ class BarrierGroup:
         self.world_size, self.parts, self.barrier = size, [None] * size, threading.Barrier(size)
 
     def rank(self, rank: int):
-        group = types.SimpleNamespace(world_size=self.world_size, rank_in_group=rank)
+        group = types.SimpleNamespace(world_size=self.world_size, rank_in_group=rank,
+                                      trace=[])  # as pcpcheck's rank groups: rank_step reads it
         group.all_gather = lambda tensor, dim=0: self._all_gather(rank, tensor, dim)
         return group
 

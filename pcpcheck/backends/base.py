@@ -19,6 +19,9 @@ from pcpcheck.shared.messages import MAX_AHEAD, MAX_BATCH, RELEASE, RankResult, 
 GRACE = 1.5  # seconds the driver waits past a death or a hang for the other ranks' reports
 STARTUP_TIMEOUT = 120.0  # seconds for a worker to start (import torch, join a group)
 LOAD_TIMEOUT = 10.0  # least seconds for a started worker to import the target (--timeout if longer)
+# A release's load imports triton, executes its files and probes its manager: 2 s idle here,
+# past 10 s on a slow machine under load, so it is bounded like a start, not like a file's import.
+RELEASE_LOAD_TIMEOUT = STARTUP_TIMEOUT
 
 
 class Backend:
@@ -26,6 +29,7 @@ class Backend:
 
     name = "backend"
     on_slow = None  # on_slow(rank, seconds): told while a rank has run a second or more
+    load_timeout = LOAD_TIMEOUT
 
     def __init__(self, timeout: float):
         self.timeout = timeout
@@ -42,6 +46,13 @@ class Backend:
                     raise
                 raise LoadError(f"{source}: {exc}") from None
         return self._targets[key]
+
+    def load_seconds(self, function: str | None) -> float:
+        """How long a started worker may take to load the target: a hang at import is a
+        LoadError after this, never a wait without end."""
+        if function == RELEASE:
+            return max(self.load_timeout, RELEASE_LOAD_TIMEOUT)
+        return self.load_timeout
 
     def run(self, prepared, target: TargetInfo) -> list[RankResult]:
         """Run one prepared case (pcpcheck.judge.Prepared) on every rank."""

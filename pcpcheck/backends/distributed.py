@@ -98,7 +98,7 @@ class DistributedBackend(BatchedBackend):
         for worker in target_pool.workers:
             worker.send(messages.load_message(source, function, 1))
         try:
-            replies = target_pool.expect_all(self.load_timeout, "loaded")
+            replies = target_pool.expect_all(self.load_seconds(function), "loaded")
             infos = [messages.target_info(source, function, reply) for reply in replies]
         except LoadError:
             self._retire(target_pool)

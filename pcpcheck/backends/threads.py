@@ -39,7 +39,7 @@ class ThreadsBackend(BatchedBackend):
             self._expect(worker, STARTUP_TIMEOUT, "ready")
             for source, function in self._targets:  # a fresh worker after a broken one
                 worker.send(messages.load_message(source, function, MAX_RANKS))
-                self._expect(worker, self.load_timeout, "loaded")
+                self._expect(worker, self.load_seconds(function), "loaded")
         return self._worker
 
     def _expect(self, worker, seconds: float, what: str) -> dict:
@@ -63,7 +63,8 @@ class ThreadsBackend(BatchedBackend):
             self._retire()
             raise LoadError(f"{source}: the worker process is gone")
         try:
-            return messages.target_info(source, function, self._expect(worker, self.load_timeout, "loaded"))
+            reply = self._expect(worker, self.load_seconds(function), "loaded")
+            return messages.target_info(source, function, reply)
         except LoadError:
             self._retire()  # a target that failed to load may have left anything behind
             raise

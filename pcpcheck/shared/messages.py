@@ -36,7 +36,7 @@ BATCH_ORDER, SLOT_MAPPING, MANAGER_STAGE, SPLIT, WRAPPER, GATHER_STAGE, CACHE_WR
     "gather", "cache write")
 # What a worker sends back of a release's rank step, as plain data (tensors travel as bytes).
 STEP_FIELDS = ("layout", "tokens", "slot_map", "nd", "shard", "entry", "layout_error", "kernels",
-               "order", "split")
+               "order", "split", "slot_map1")
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ class RankResult:
     step: dict | None = None  # a release's rank: its rank_step report (layout, inputs), plain data
     seconds: float = 0.0  # how long the rank's call ran (its own running time, as timed)
     lost: str | None = None  # "hung" or "died": the rank never reported; its worker was retired
+    group1: "RankResult | None" = None  # a release's rank: its call for the replicated KV group
 
 
 @dataclass
@@ -215,12 +216,20 @@ def _load_error(kind) -> type:
 
 
 def decode_rank(result: dict, blobs: list) -> RankResult:
-    """A worker's report of one rank, decoded by the driver from plain data."""
+    """A worker's report of one rank, decoded by the driver from plain data (a release's rank:
+    its step report, and its call for a replicated KV group, one level deep)."""
+    rank = _decode_call(result, blobs)
+    if isinstance(result.get("step"), dict):
+        rank.step = result["step"]
+        if isinstance(result.get("group1"), dict):
+            rank.group1 = _decode_call(result["group1"], blobs)
+    return rank
+
+
+def _decode_call(result: dict, blobs: list) -> RankResult:
     rank = RankResult(error=_text(result.get("error")), error_detail=_text(result.get("error_detail")),
                       output=str(result.get("output") or ""), poisoned=bool(result.get("poisoned")),
                       input_device=str(result.get("input_device", "cpu"))[:40])
-    if isinstance(result.get("step"), dict):
-        rank.step = result["step"]
     seconds = result.get("seconds")
     if isinstance(seconds, (int, float)) and 0 <= seconds < 1e9:  # what a worker says is data
         rank.seconds = float(seconds)

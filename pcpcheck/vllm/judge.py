@@ -16,7 +16,8 @@ from pcpcheck.shared.case import Case, row_content
 from pcpcheck.shared.messages import (BATCH_ORDER, GATHER_STAGE, MANAGER_STAGE, SLOT_MAPPING,
                                       SPLIT, WRAPPER, Capabilities, ReleaseInfo, ReleaseStep)
 from pcpcheck.vllm.inputs import dummy_tokens, global_maps
-from pcpcheck_spec.names import DCP, DRAFT_REGIMES, LAYOUT, RETURNS, SHARDED, Batch
+from pcpcheck_spec.names import (DCP, DRAFT_REGIMES, LAYOUT, REPLICATED, RETURNS, SHARDED,
+                                 Batch)
 from pcpcheck_spec.registry import BY_ID
 
 
@@ -25,6 +26,8 @@ class ReleaseObservation(Observation):
     layout_diffs: dict[int, list[str]] = field(default_factory=dict)  # manager rank -> lines
     entry: str = ""  # which release function the ranks called
     real_stages: tuple[str, ...] = ()  # the path's stages that ran the release's code on this step
+    kv_group: int = 0  # the KV-cache group whose gather call `ranks` shows (1: the replicated one)
+    kv_groups: int = 1  # the KV-cache groups whose gather calls were judged
 
 
 def _prepared(case: Case, steps: list, fallback) -> Prepared:
@@ -129,8 +132,45 @@ def judge_release_case(case: Case, results, release: ReleaseInfo) -> ReleaseObse
             if layout_bad:
                 violations.insert(0, Violation(LAYOUT, layout_bad))
     entry = next((s["entry"] for s in steps if s), "")
-    return ReleaseObservation(prepared, views, violations, checked, layout_diffs=diffs, entry=entry,
-                              real_stages=_real_stages(steps, expanded, entry, release, ordered))
+    observation = ReleaseObservation(prepared, views, violations, checked, layout_diffs=diffs,
+                                     entry=entry, real_stages=_real_stages(steps, expanded, entry,
+                                                                           release, ordered))
+    if caps.replicated_kv_group and batch.regime == DCP and not layout_bad:
+        return _with_replicated_group(observation, results, steps)
+    return observation
+
+
+def _with_replicated_group(observation: ReleaseObservation, results, steps
+                           ) -> ReleaseObservation:
+    """The step's call for its second KV group, replicated under DCP (every rank writes every
+    token at its global position), judged by the invariants of a replica (REPLICA, not SHARD)
+    where every rank made it. Its violations follow the first group's; the observation shown is
+    the first group's unless only the second violates."""
+    calls = [result.group1 for result in results]
+    slot_maps = [_ints(step.get("slot_map1")) if step else None for step in steps]
+    if any(call is None for call in calls) or any(m is None for m in slot_maps):
+        return observation  # a rank made no second call: its first already failed (judged)
+    prepared = observation.prepared
+    batch = prepared.case.batch
+    slots = global_maps(batch, 0, second_replicated=True)[1]
+    written = {int(slot): token for token, slot in enumerate(slots.tolist()) if slot >= 0}
+    second = dataclasses.replace(prepared, slot_maps=[np.array(m, dtype=np.int64) for m in slot_maps],
+                                 expected=[dict(written) for _ in range(batch.pcp_size)])
+    views = [observe(second, rank, call) for rank, call in enumerate(calls)]
+    violations, checked = judge(second, views, REPLICATED)
+    checked = tuple(dict.fromkeys(observation.checked + checked))
+    if violations and not observation.violations:
+        return dataclasses.replace(observation, prepared=second, ranks=views,
+                                   violations=violations, checked=checked, kv_group=1, kv_groups=2)
+    return dataclasses.replace(observation, checked=checked, kv_groups=2,
+                               violations=observation.violations + violations)
+
+
+def _ints(value) -> list[int] | None:
+    """A list of ints from a worker's report, else None (what it sends is checked)."""
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return value
+    return None
 
 
 def _in_release_order(case: Case, steps: list) -> tuple[Case, bool]:

@@ -265,7 +265,8 @@ def load_release(source: Source | str) -> Release:
     if kernels.real and "dcp_sharded" in _params(kernels.block_tables.__init__):
         caps.replicated_kv_group = True
         adapted.append("BlockTables(dcp_sharded=[True, False]): the second KV group replicated "
-                       "under DCP (compared by LAYOUT; the gather invariants judge the first)")
+                       "under DCP (compared by LAYOUT; its gather call, with that group's map, "
+                       "judged by REPLICA, the first group's by SHARD)")
     if kernels.real and kernels.dummies:
         caps.dummy_requests = True
         adapted.append("dummy requests: a step's graph padding rows reach the slot kernel as one "

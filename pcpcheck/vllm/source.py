@@ -22,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,24 +101,27 @@ def _open_wheel(path: Path) -> Source:
 
 def fetch_release(version: str, directory: Path | None = None) -> Path:
     """The wheel of vllm==version in `directory` (default: cache_dir()), fetched with pip if
-    absent (pip's own cache makes a repeat fast)."""
+    absent (pip's own cache makes a repeat fast). pip writes into a private folder and the
+    wheel is renamed into place whole: a concurrent run never opens a half-written wheel."""
     directory = directory or cache_dir()
     found = sorted(directory.glob(f"vllm-{version}-*.whl")) if directory.is_dir() else []
     if found:
         return found[0]
     directory.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", f"vllm=={version}", "--no-deps",
-               "--only-binary=:all:", "--quiet", "-d", str(directory)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SourceError(f"vllm=={version}: pip download failed: {exc}") from None
-    found = sorted(directory.glob(f"vllm-{version}-*.whl"))
-    if done.returncode != 0 or not found:
-        lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
-        why = lines[-1].strip() if lines else f"exit {done.returncode}"
-        raise SourceError(f"vllm=={version}: cannot fetch the wheel (pip download: {why})")
-    return found[0]
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".fetch-") as private:
+        command = [sys.executable, "-m", "pip", "download", f"vllm=={version}", "--no-deps",
+                   "--only-binary=:all:", "--quiet", "-d", private]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SourceError(f"vllm=={version}: pip download failed: {exc}") from None
+        fetched = sorted(Path(private).glob(f"vllm-{version}-*.whl"))
+        if done.returncode != 0 or not fetched:
+            lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+            why = lines[-1].strip() if lines else f"exit {done.returncode}"
+            raise SourceError(f"vllm=={version}: cannot fetch the wheel (pip download: {why})")
+        os.replace(fetched[0], directory / fetched[0].name)
+    return directory / fetched[0].name
 
 
 def _checkout_release(root: Path) -> str:

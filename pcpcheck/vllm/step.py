@@ -28,8 +28,9 @@ from pcpcheck.shared.case import Case, as_tensor, pad_label, row_content
 from pcpcheck.vllm.excerpts import step_order
 from pcpcheck.vllm.release import (INDEXER_WRAPPER, MLA_WRAPPER, Release, kernel_step,
                                    manager_view, release_from_spec)
+from pcpcheck.worker.rankctx import current_group
 from pcpcheck.worker.runner import CollectiveAborted, RankOutcome
-from pcpcheck_spec.names import DRAFT_REGIMES, SHARDED
+from pcpcheck_spec.names import DCP, DRAFT_REGIMES, SHARDED
 
 # Which entry a case drives, by its tensor count: the indexer wrapper carries k, the MLA wrapper
 # (kv_c_normed, k_pe), and three tensors go to the gather itself.
@@ -90,7 +91,7 @@ def rank_step(case_json: str, source_spec: dict, rank: int) -> dict:
     release = release_from_spec(source_spec)
     report = {"layout_error": None, "error": None, "error_detail": None, "value": None,
               "inputs": None, "entry": _entry_name(release, len(case.tensors)), "order": None,
-              "kernels": False, "split": False}
+              "kernels": False, "split": False, "slot_map1": None, "group1": None}
     try:
         case, report["order"] = in_release_order(case, release)
         report["kernels"] = (case.batch.regime not in DRAFT_REGIMES
@@ -99,18 +100,40 @@ def rank_step(case_json: str, source_spec: dict, rank: int) -> dict:
     except Exception as exc:  # noqa: BLE001 - the release's manager failed on a well-formed step
         report["layout_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
         return report
+    completed = _call(release, case, report, report["slot_map"])
+    if completed and replicated_group_step(release, case.batch):
+        # the replicated KV group's layers call the gather again, with that group's map
+        report["slot_map1"] = report["layout"]["expanded"][1]
+        report["group1"] = {"layout_error": None, "error": None, "error_detail": None,
+                            "value": None, "inputs": None, "entry": report["entry"],
+                            "nd": report["nd"], "shard": report["shard"], "tokens": report["tokens"],
+                            "trace_from": len(current_group().trace)}
+        _call(release, case, report["group1"], report["slot_map1"])
+    return report
+
+
+def replicated_group_step(release: Release, batch) -> bool:
+    """Whether the step's second KV group is replicated under DCP (`dcp_sharded` False): its
+    gather call writes every token on every rank, judged by REPLICA."""
+    return release.caps.replicated_kv_group and batch.regime == DCP
+
+
+def _call(release: Release, case: Case, report: dict, slot_map: list[int]) -> bool:
+    """One call of the release's entry on fresh inputs (the report's tokens, `slot_map`): its
+    inputs, value or error go into `report`. Whether it completed (returned or raised)."""
     tensors = tuple(as_tensor(row_content(np.array(report["tokens"], dtype=np.int64), k,
                                           spec.row_bytes), spec)
                     for k, spec in enumerate(case.tensors))
-    slots = torch.tensor(report["slot_map"], dtype=torch.int64)
+    slots = torch.tensor(slot_map, dtype=torch.int64)
     report["inputs"] = (tensors, slots, report["nd"])
     try:
         report["value"] = _call_entry(release, report["entry"], tensors, slots, report["nd"],
                                       report["shard"])
     except CollectiveAborted:
-        pass  # the trace already records the collective that never completed (COLLECTIVE)
+        return False  # the trace already records the collective that never completed (COLLECTIVE)
     except Exception as exc:  # noqa: BLE001 - the release's verdict, judged as RETURNS
         outcome = RankOutcome()
         outcome.record_error(exc)
         report["error"], report["error_detail"] = outcome.error, outcome.error_detail
-    return report
+        return False
+    return True

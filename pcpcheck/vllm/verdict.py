@@ -102,6 +102,9 @@ def counterexample(release: ReleaseInfo, regime: str, observation: ReleaseObserv
     lines = [line for line in text.splitlines() if not line.startswith("  replay: ")]
     lines.insert(1, f"  entry: {observation.entry or '- (no rank reported)'}; layout model: era "
                     f"{capabilities(release).era}")
+    if observation.kv_group:
+        lines.insert(2, "  KV group 1, replicated under DCP (dcp_sharded False: every rank writes "
+                        "every token, judged by REPLICA): the calls below are that group's")
     for rank, diff in sorted(observation.layout_diffs.items()):
         lines.append(f"  {LAYOUT}: rank {rank}'s PCPManager differs from the reference:")
         lines += ["    " + line.replace("\n", "\n    ") for line in diff]

@@ -231,9 +231,16 @@ class Worker:
             step = outcome.value if isinstance(outcome.value, dict) else None
             text = self.capture.text(ranges[rank])
             if step is not None and step.get("inputs") is not None:
+                second = step.get("group1")
+                split = second["trace_from"] if second else len(outcome.trace)
                 call = RankOutcome(value=step["value"], error=step["error"],
-                                   error_detail=step["error_detail"], trace=outcome.trace)
+                                   error_detail=step["error_detail"], trace=outcome.trace[:split])
                 result = encode_rank(rank, call, step["inputs"], text, out_blobs)
+                if second:  # the replicated KV group's call: its own outputs and collectives
+                    call = RankOutcome(value=second["value"], error=second["error"],
+                                       error_detail=second["error_detail"],
+                                       trace=outcome.trace[split:])
+                    result["group1"] = encode_rank(rank, call, second["inputs"], "", out_blobs)
             else:  # no call: the manager raised (in the step), or rank_step itself did
                 result = {"rank": rank, "error": outcome.error, "error_detail": outcome.error_detail,
                           "trace": [trace_entry(e) for e in outcome.trace], "output": text,

@@ -59,6 +59,11 @@ class RankGroup:
     def all_gather(self, input_: torch.Tensor, dim: int = 0) -> torch.Tensor:
         return self._world.all_gather(self.rank_in_group, input_, dim)
 
+    @property
+    def trace(self) -> list[tuple]:
+        """This rank's collectives so far in the case (where a step's later call begins)."""
+        return self._world.trace(self.rank_in_group)
+
 
 class _Case:
     """Scheduler state of one case."""
@@ -136,6 +141,9 @@ class RankWorld:
             outcome.record_error(exc)
         if not aborted:
             case.returned.append(rank)
+
+    def trace(self, rank: int) -> list[tuple]:
+        return self._case.outcomes[rank].trace
 
     def all_gather(self, rank: int, tensor: torch.Tensor, dim: int) -> torch.Tensor:
         case = self._case
