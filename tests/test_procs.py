@@ -222,33 +222,59 @@ def test_status_read_while_a_worker_writes_it_never_shows_a_false_hang(tmp_path)
         workspace.remove()
 
 
-def test_a_rank_long_running_before_the_driver_waits_is_told_before_its_hang(tmp_path):
-    """The driver may come to wait for a case late (it drew the next cases first, on a loaded
-    machine): a rank that has already run 1.5 s of a 2 s timeout is told at once, not a second
-    later, when it is already hung (CI once printed no wait for a hang)."""
+def _wait_telling(status) -> tuple[dict, list]:
+    """wait_results (2 s timeout) on a worker whose rank never reports, its status from
+    `status()`: the outcome, and what on_slow was told."""
     from pcpcheck.backends import pool
-    from pcpcheck.shared.messages import MAX_RANKS, STATUS
-    status_path = tmp_path / "status"
-    status_path.write_bytes(STATUS.pack(0, time.monotonic() - 1.5, *[0.0] * MAX_RANKS,
-                                        *[0] * MAX_RANKS))
     read_end, write_end = os.pipe()
 
-    class Late:  # a worker whose rank 0 runs and never reports
+    class Silent:
         reader = pool.wire.Reader(read_end)
         overtime = pool.WorkerProcess.overtime
 
-        def status(self):
-            return pool.read_status(status_path.read_bytes())
-
+    Silent.status = staticmethod(status)
     told = []
     try:
-        outcome = pool.wait_results([Late()], 2.0, 0.1,
+        outcome = pool.wait_results([Silent()], 2.0, 0.1,
                                     on_slow=lambda rank, seconds: told.append((rank, seconds)))
     finally:
         os.close(read_end)
         os.close(write_end)
+    return outcome, told
+
+
+def _running_since(since: float) -> tuple:
+    from pcpcheck.shared.messages import MAX_RANKS
+    return 0, since, [0.0] * MAX_RANKS, [0] * MAX_RANKS
+
+
+def test_a_rank_long_running_before_the_driver_waits_is_told_before_its_hang():
+    """The driver may come to wait for a case late (it drew the next cases first, on a loaded
+    machine): a rank that has already run 1.5 s of a 2 s timeout is told at once, not a second
+    later, when it is already hung (CI once printed no wait for a hang)."""
+    began = time.monotonic() - 1.5
+    outcome, told = _wait_telling(lambda: _running_since(began))
     assert outcome == {0: ("hung", 0)}
     assert told and told[0][0] == 0 and 1.5 <= told[0][1] < 2.0, told
+
+
+def test_a_rank_that_begins_just_after_the_driver_waits_is_told_before_its_hang():
+    """The worker starts the case a few ms after the driver began to wait: a tell a second
+    later finds 0.99 s, and a clock of whole seconds from the wait's start would next tell
+    after the 2 s hang was called (CI printed no wait line for a hang, twice)."""
+    from pcpcheck.shared.messages import MAX_RANKS
+    began = []
+
+    def status():
+        if not began:  # the first look: the case has not begun
+            began.append(time.monotonic() + 0.05)
+        if time.monotonic() < began[0]:
+            return -1, 0.0, [0.0] * MAX_RANKS, [0] * MAX_RANKS
+        return _running_since(began[0])
+
+    outcome, told = _wait_telling(status)
+    assert outcome == {0: ("hung", 0)}
+    assert told and told[0][0] == 0 and 1.0 <= told[0][1] < 2.1, told
 
 
 @pytest.mark.parametrize("backend_name", ["threads", "gloo"])

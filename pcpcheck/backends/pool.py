@@ -215,11 +215,15 @@ def _kill_all() -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _tell_slow(workers, now: float, on_slow) -> None:
+def _tell_slow(workers, now: float, on_slow, told: int) -> int:
+    """Tell on_slow of the longest-running rank as its running time passes each whole second
+    from SLOW on (`told`: the whole seconds told last); the whole seconds told now."""
     longest = max(((seconds[running] + now - since, running) for running, since, seconds, _
                    in (worker.status() for worker in workers) if running >= 0), default=None)
-    if longest is not None and longest[0] >= SLOW:
-        on_slow(longest[1], longest[0])
+    if longest is None or longest[0] < SLOW or int(longest[0]) <= told:
+        return told
+    on_slow(longest[1], longest[0])
+    return int(longest[0])
 
 
 def read_status(status) -> tuple[int, float, list[float], list[int]]:
@@ -250,12 +254,13 @@ def wait_results(workers: list[WorkerProcess], timeout: float, grace: float, wat
     pending = dict(enumerate(workers))
     hard_deadline = None
     tick = min(0.2, timeout / 4)
-    told = time.monotonic() - SLOW  # a rank may have run long before we came to wait: tell now
+    # Told by the rank's own running time, read every tick, not on a clock of our own: a rank
+    # that began before we came to wait, or just after a tell, is told before its hang is called.
+    told = 0
     while pending:
         now = time.monotonic()
-        if on_slow is not None and now - told >= SLOW:
-            told = now
-            _tell_slow(pending.values(), now, on_slow)
+        if on_slow is not None:
+            told = _tell_slow(pending.values(), now, on_slow, told)
         if hard_deadline is not None and now >= hard_deadline:
             break
         wait = tick if hard_deadline is None else min(tick, hard_deadline - now)
@@ -283,6 +288,8 @@ def wait_results(workers: list[WorkerProcess], timeout: float, grace: float, wat
                 continue
             rank = worker.overtime(timeout)
             if rank is not None:
+                if on_slow is not None:  # a loop starved past a whole second: tell it first
+                    told = _tell_slow([worker], time.monotonic(), on_slow, told)
                 outcome[index] = ("hung", rank)
                 del pending[index]
                 hard_deadline = min(hard_deadline or now + grace, now + grace)
