@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from pcpcheck.shared import wire
 from pcpcheck.shared.errors import InterfaceDrift, LoadError, SourceError
-from pcpcheck_spec.names import INCOMPLETE
+from pcpcheck_spec.names import DCP, INCOMPLETE
 
 MAX_OUTPUT = 4000  # bytes of a rank's printing kept per case
 MAX_RANKS = 8
@@ -111,6 +111,12 @@ class Capabilities:
     interleave_default: int = 1
     interleave_divisors: bool = True
     not_applicable: dict[str, str] = field(default_factory=dict)  # regime -> reason
+
+    def replicated_group_call(self, regime: str) -> bool:
+        """Whether a step of `regime` calls the gather a second time, for the second KV group,
+        replicated under DCP (`dcp_sharded` False): the worker makes that call, the driver
+        judges it by REPLICA."""
+        return self.replicated_kv_group and regime == DCP
 
 
 # --- driver -> worker ----------------------------------------------------------------------

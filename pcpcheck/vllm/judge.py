@@ -135,7 +135,7 @@ def judge_release_case(case: Case, results, release: ReleaseInfo) -> ReleaseObse
     observation = ReleaseObservation(prepared, views, violations, checked, layout_diffs=diffs,
                                      entry=entry, real_stages=_real_stages(steps, expanded, entry,
                                                                            release, ordered))
-    if caps.replicated_kv_group and batch.regime == DCP and not layout_bad:
+    if caps.replicated_group_call(batch.regime) and not layout_bad:
         return _with_replicated_group(observation, results, steps)
     return observation
 

@@ -30,7 +30,7 @@ from pcpcheck.vllm.release import (INDEXER_WRAPPER, MLA_WRAPPER, Release, kernel
                                    manager_view, release_from_spec)
 from pcpcheck.worker.rankctx import current_group
 from pcpcheck.worker.runner import CollectiveAborted, RankOutcome
-from pcpcheck_spec.names import DCP, DRAFT_REGIMES, SHARDED
+from pcpcheck_spec.names import DRAFT_REGIMES, SHARDED
 
 # Which entry a case drives, by its tensor count: the indexer wrapper carries k, the MLA wrapper
 # (kv_c_normed, k_pe), and three tensors go to the gather itself.
@@ -101,21 +101,15 @@ def rank_step(case_json: str, source_spec: dict, rank: int) -> dict:
         report["layout_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
         return report
     completed = _call(release, case, report, report["slot_map"])
-    if completed and replicated_group_step(release, case.batch):
+    if completed and release.caps.replicated_group_call(case.batch.regime):
         # the replicated KV group's layers call the gather again, with that group's map
         report["slot_map1"] = report["layout"]["expanded"][1]
-        report["group1"] = {"layout_error": None, "error": None, "error_detail": None,
+        report["group1"] = {"error": None, "error_detail": None,
                             "value": None, "inputs": None, "entry": report["entry"],
                             "nd": report["nd"], "shard": report["shard"], "tokens": report["tokens"],
                             "trace_from": len(current_group().trace)}
         _call(release, case, report["group1"], report["slot_map1"])
     return report
-
-
-def replicated_group_step(release: Release, batch) -> bool:
-    """Whether the step's second KV group is replicated under DCP (`dcp_sharded` False): its
-    gather call writes every token on every rank, judged by REPLICA."""
-    return release.caps.replicated_kv_group and batch.regime == DCP
 
 
 def _call(release: Release, case: Case, report: dict, slot_map: list[int]) -> bool:
