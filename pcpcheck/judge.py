@@ -14,6 +14,7 @@ import torch
 
 import pcpcheck_reference as reference
 from pcpcheck.shared.case import LABEL_KEY, Case, as_bytes, as_tensor, row_content
+from pcpcheck.shared.wire import Received
 from pcpcheck_spec import model
 from pcpcheck_spec.names import INCOMPLETE, NO_ROW, Batch
 from pcpcheck_spec.registry import Step, evaluate
@@ -76,11 +77,11 @@ class Prepared:
             self._content[tensor_index] = contents(self.labels, tensor_index, spec.row_bytes)
         return self._content[tensor_index]
 
-    def decoded(self, tensor_index: int, tensor: torch.Tensor) -> list[int]:
+    def decoded(self, tensor_index: int, tensor: Received) -> list[int]:
         """decode_rows of one returned tensor, of its input's dtype and trailing shape
         (_malformed), worked out once per distinct content."""
-        rows = as_bytes(tensor)
-        key = (tensor_index, rows.shape, rows.tobytes())
+        rows = tensor.rows()
+        key = (tensor_index, rows.shape, tensor.content)
         labels = self._decoded.get(key)
         if labels is None:
             labels = self._decoded[key] = _labels_of(rows, self.labels, self.content(tensor_index))
@@ -239,7 +240,7 @@ def observe(prepared: Prepared, rank: int, result) -> RankView:
         else:
             try:
                 view.rows = [prepared.decoded(k, t) for k, t in enumerate(result.value[0])]
-                view.slots = result.value[1].tolist()  # an int64 tensor (_malformed): ints
+                view.slots = result.value[1].ints()  # an int64 tensor (_malformed)
                 view.returned = True
             except Exception as exc:  # noqa: BLE001 - a hostile return (odd layout, ...)
                 view.rows, view.slots = [], []
@@ -250,8 +251,9 @@ def observe(prepared: Prepared, rank: int, result) -> RankView:
     view.inputs_before = [src.tobytes() for src in prepared.sources[rank]]
     view.inputs_before.append(prepared.slot_maps[rank].tobytes())
     # A rank that never reported: its inputs are unknown, not mutated.
-    view.inputs_after = list(result.inputs_after if result.inputs_after is not None
-                             else view.inputs_before)
+    after = result.inputs_after or [None] * len(view.inputs_before)
+    view.inputs_after = [before if now is None else now
+                         for before, now in zip(view.inputs_before, after)]
     return view
 
 
@@ -266,7 +268,7 @@ def _malformed(value, specs, slot_dtype: torch.dtype, device: str) -> str | None
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         return f"{type(value).__name__}, not a pair (tensors, slot_mapping)"
     tensors, slots = value
-    if not isinstance(tensors, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in tensors):
+    if not isinstance(tensors, (tuple, list)) or not all(isinstance(t, Received) for t in tensors):
         return f"{type(tensors).__name__} as tensors, not a tuple of tensors"
     if len(tensors) != len(specs):
         return f"{len(tensors)} tensor(s) for {len(specs)} input(s)"
@@ -274,23 +276,15 @@ def _malformed(value, specs, slot_dtype: torch.dtype, device: str) -> str | None
         if tensor.dtype != spec.torch_dtype or tuple(tensor.shape[1:]) != spec.trailing:
             return (f"tensor {k} as {tensor.dtype} {tuple(tensor.shape)}; it went in as "
                     f"{spec.torch_dtype} (L, {', '.join(map(str, spec.trailing))})")
-        where = _device(tensor)
-        if where != device:
-            return f"tensor {k} on {where}; it went in on {device}"
-    if not isinstance(slots, torch.Tensor) or slots.dim() != 1:
+        if tensor.device != device:
+            return f"tensor {k} on {tensor.device}; it went in on {device}"
+    if not isinstance(slots, Received) or slots.dim() != 1:
         return (f"slot_mapping as {type(slots).__name__} {getattr(slots, 'dtype', '')} "
                 f"{tuple(getattr(slots, 'shape', ()))}, not a 1-D tensor")
-    where = _device(slots)
-    if slots.dtype != slot_dtype or where != device:
-        return (f"slot_mapping as {slots.dtype} on {where}; it went in as {slot_dtype} "
+    if slots.dtype != slot_dtype or slots.device != device:
+        return (f"slot_mapping as {slots.dtype} on {slots.device}; it went in as {slot_dtype} "
                 f"on {device}")
     return None
-
-
-def _device(tensor: torch.Tensor) -> str:
-    """Where a tensor was: the worker's report for a rebuilt one, else its own device."""
-    where = getattr(tensor, "reported_device", None)
-    return str(tensor.device) if where is None else where
 
 
 def judge(prepared: Prepared, views: list[RankView], regime: str | None = None

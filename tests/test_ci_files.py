@@ -121,8 +121,11 @@ def test_the_action_holds_on_a_correct_checkout_with_its_defaults(action, tmp_pa
 def test_the_actions_mode_input(action, tmp_path):
     venv, action_path = action
     checkout = vllm_checkout(tmp_path / "vllm")
-    step = run_step("pcpcheck vllm", venv, checkout, action_path, mode="exhaustive")
+    # one regime, a short budget: what is tested is the command the mode makes, not the search
+    step = run_step("pcpcheck vllm", venv, checkout, action_path, mode="exhaustive",
+                    regimes="replicated", budget="15")
     assert " --exhaustive" in step["out"].splitlines()[0]  # pcpcheck's exhaustive search
+    assert "exhaustive" in step["summary"], step["out"][-3000:]
     step = run_step("pcpcheck vllm", venv, checkout, action_path, mode="sometimes")
     assert (step["code"], step["outputs"]) == (2, {"exit-code": "2"})
     assert "::error::pcpcheck: mode must be random or exhaustive, got 'sometimes'" in step["out"]

@@ -108,6 +108,56 @@ def test_a_tensor_subclass_cannot_lie_about_its_bytes():
     assert wire.tensor_from_bytes(dtype, shape, content).tolist() == [7, 8, 9, 10]
 
 
+def _plain_bytes(tensor: torch.Tensor) -> bytes:
+    """A tensor's logical content, read the slow, obvious way (for comparison): copied into a
+    fresh tensor of canonical strides."""
+    fresh = torch.empty(tensor.shape, dtype=tensor.dtype)
+    fresh.copy_(tensor.resolve_neg())
+    return fresh.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(6.0).reshape(2, 3),
+    lambda: torch.arange(6.0).reshape(2, 3)[:, 1:],  # not contiguous
+    lambda: torch.tensor([5.0]).as_strided((1,), (7,)),  # one element, an odd stride
+    lambda: torch.arange(12, dtype=torch.bfloat16).reshape(3, 1, 4).as_strided((3, 1, 4), (4, 99, 1)),
+    lambda: torch.arange(3.0)._neg_view(),  # a negative view: its bytes are not its values
+    lambda: torch.arange(4.0).expand(2, 4),
+    lambda: torch.zeros(0, 1, 64),
+    lambda: torch.tensor(3),
+    lambda: torch.arange(8.0)[2:6],  # a storage offset
+], ids=["dense", "sliced", "one-element-odd-stride", "size-one-dim-odd-stride", "neg-view",
+        "expanded", "empty", "scalar", "offset"])
+def test_tensor_bytes_reads_the_logical_content_of_any_layout(make):
+    tensor = make()
+    dtype, shape, content = wire.tensor_bytes(tensor)
+    assert (dtype, shape) == (str(tensor.dtype), list(tensor.shape))
+    assert content == _plain_bytes(tensor)
+
+
+@pytest.mark.parametrize("change, changed", [
+    (lambda t: None, False),
+    (lambda t: t[1].fill_(9), True),
+    (lambda t: t.numpy()[0].fill(9), True),  # past torch: only the buffer shows it
+    (lambda t: t.set_(t.clone()), False),  # another storage, the same content
+    (lambda t: t.set_(t.clone().fill_(7)), True),
+    (lambda t: t.as_strided_((2, 3), (1, 2)), True),  # the same buffer read in another order
+    (lambda t: t.resize_(1, 3), True),
+    (lambda t: t.data.mul_(1), False),
+], ids=["untouched", "in-place", "through-numpy", "set-same", "set-other", "restrided",
+        "resized", "rewritten-same"])
+def test_a_sent_input_reads_back_none_only_when_its_content_is_unchanged(change, changed):
+    """What the worker reports of an input after the call (NO_MUTATION's evidence): None for
+    unchanged, else exactly tensor_bytes' reading, whatever the call did to the tensor."""
+    original = torch.arange(6, dtype=torch.float32).reshape(3, 2)
+    sent = wire.SentTensor("torch.float32", [3, 2], _plain_bytes(original))
+    change(sent.tensor)
+    after = sent.read_back()
+    assert (after is not None) == changed
+    if changed:
+        assert after == wire.tensor_bytes(sent.tensor)[2] != _plain_bytes(original)
+
+
 def test_values_cross_as_plain_data():
     blobs: list = []
     value = ([torch.arange(6, dtype=torch.float32).reshape(2, 3)[:, 1:]], torch.tensor([3, -1]))
@@ -115,8 +165,9 @@ def test_values_cross_as_plain_data():
     header, blobs_back = wire.unpack(wire.pack({"op": "x", "value": tree}, blobs))
     decoded = wire.decode_value(header["value"], blobs_back)
     assert isinstance(decoded, tuple) and isinstance(decoded[0], list)
-    assert type(decoded[0][0]) is torch.Tensor
-    assert decoded[0][0].tolist() == [[1.0, 2.0], [4.0, 5.0]] and decoded[1].tolist() == [3, -1]
+    assert type(decoded[0][0]) is wire.Received  # plain data: the driver never runs torch on it
+    assert decoded[0][0].tensor().tolist() == [[1.0, 2.0], [4.0, 5.0]]
+    assert decoded[1].ints() == [3, -1] and decoded[1].device == "cpu"
     other = wire.decode_value(wire.encode_value({"a": 1}, []), [])
     assert type(other).__name__ == "dict" and not isinstance(other, dict)  # named, never rebuilt
 

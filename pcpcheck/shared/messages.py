@@ -80,7 +80,8 @@ class RankResult:
     trace: list[tuple] = field(default_factory=list)
     output: str = ""
     value: object = None  # rebuilt by the driver: tuples, lists, plain tensors, stand-ins
-    inputs_after: list[bytes] | None = None  # None: unknown (the rank never reported)
+    # None: unknown (the rank never reported); an input's None: as the driver sent it
+    inputs_after: list[bytes | None] | None = None
     poisoned: bool = False  # its process group failed: the pool must be replaced
     input_device: str = "cpu"  # where the rank's inputs were (outputs must be there too)
     step: dict | None = None  # a release's rank: its rank_step report (layout, inputs), plain data
@@ -155,19 +156,22 @@ def batch_message(prepareds, target: TargetInfo, ranks=None) -> tuple[dict, list
 
 
 def rank_inputs(header: dict, blobs: list, slot: int, device):
-    """One rank's (tensors, slot_mapping, nd), fresh tensors built from the driver's bytes."""
+    """One rank's (tensors, slot_mapping, nd, sent), fresh tensors built from the driver's bytes;
+    sent: on the CPU, each input as wire.SentTensor (for encode_rank), else None."""
     count = len(header["tensors"])
     base = slot * (count + 1)
-    tensors = []
-    for k, (dtype, trailing) in enumerate(header["tensors"]):
-        content = blobs[base + k]
-        rows = len(content) // max(1, _row_bytes(dtype, trailing))
-        tensor = wire.tensor_from_bytes(dtype, [rows, *trailing], content)
-        tensors.append(tensor.to(device) if device.type != "cpu" else tensor)
-    slots = wire.tensor_from_bytes("int64", [len(blobs[base + count]) // 8], blobs[base + count])
-    if device.type != "cpu":
-        slots = slots.to(device)
-    return tuple(tensors), slots, header["nds"][slot]
+    described = [(dtype, [len(blobs[base + k]) // max(1, _row_bytes(dtype, trailing)), *trailing])
+                 for k, (dtype, trailing) in enumerate(header["tensors"])]
+    described.append(("int64", [len(blobs[base + count]) // 8]))
+    if device.type == "cpu":
+        sent = [wire.SentTensor(dtype, shape, blobs[base + k])
+                for k, (dtype, shape) in enumerate(described)]
+        tensors = [each.tensor for each in sent]
+    else:
+        sent = None
+        tensors = [wire.tensor_from_bytes(dtype, shape, blobs[base + k]).to(device)
+                   for k, (dtype, shape) in enumerate(described)]
+    return tuple(tensors[:count]), tensors[count], header["nds"][slot], sent
 
 
 def _row_bytes(dtype: str, trailing) -> int:
@@ -195,10 +199,15 @@ def encode_rank(rank: int, outcome, inputs, output: str, blobs: list) -> dict:
             result["value"] = wire.encode_value(outcome.value, blobs)
         except Exception as exc:  # noqa: BLE001 - sparse, meta, a storage that cannot be read
             result["error"] = f"returned tensors pcpcheck cannot read: {type(exc).__name__}: {exc}"[:300]
-    after = []
-    for tensor in (*inputs[0], inputs[1]):
-        blobs.append(wire.tensor_bytes(tensor)[2])
-        after.append(len(blobs) - 1)
+    after = []  # per input: the blob of its content after the call, None if unchanged
+    sent = inputs[3] if len(inputs) > 3 else None
+    for k, tensor in enumerate((*inputs[0], inputs[1])):
+        content = sent[k].read_back() if sent is not None else wire.tensor_bytes(tensor)[2]
+        if content is None:
+            after.append(None)
+        else:
+            blobs.append(content)
+            after.append(len(blobs) - 1)
     result["inputs_after"] = after
     return result
 
@@ -243,7 +252,8 @@ def _decode_call(result: dict, blobs: list) -> RankResult:
         rank.trace.append(tuple(tuple(item) if isinstance(item, list) else item for item in entry))
     try:
         after = result["inputs_after"]  # None: a release's rank that made no call
-        rank.inputs_after = None if after is None else [bytes(blobs[i]) for i in after]
+        rank.inputs_after = None if after is None else [None if i is None else bytes(blobs[i])
+                                                         for i in after]
         if rank.error is None:
             rank.value = wire.decode_value(result.get("value"), blobs)
     except (ValueError, TypeError, KeyError, IndexError, RuntimeError) as exc:

@@ -7,19 +7,21 @@ sends is untrusted, and the driver only ever parses JSON and copies bytes.
 Tensors leave the worker as (dtype name, shape, raw bytes), read through torch's base-class
 functions captured when this module is imported, before any target is loaded, with torch
 function overrides disabled: a Tensor subclass whose methods lie cannot change what is read.
-The driver rebuilds plain CPU tensors from those bytes itself (`decode_value`), each tagged
-with the device the worker found it on (`reported_device`).
+The driver holds them as `Received` (dtype, shape, the device the worker found the tensor on,
+bytes), checked like a tensor rebuilt from them and read as bytes or ints, never through torch.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import select
 import struct
 import time
 
+import numpy as np
 import torch
 
 _FRAME = struct.Struct("<II")
@@ -140,6 +142,9 @@ _size_of = _TensorBase.size
 _no_overrides = torch._C.DisableTorchFunction
 _Tensor = torch.Tensor
 _uint8 = torch.uint8
+_data_ptr, _stride_of, _offset_of = _TensorBase.data_ptr, _TensorBase.stride, _TensorBase.storage_offset
+_is_neg, _is_conj, _is_contiguous = _TensorBase.is_neg, _TensorBase.is_conj, _TensorBase.is_contiguous
+_layout_of, _strided = _TensorBase.layout.__get__, torch.strided
 _isinstance, _type, _len, _tuple, _list, _str = isinstance, type, len, tuple, list, str
 _tuple_iter, _list_iter = tuple.__iter__, list.__iter__
 
@@ -150,16 +155,52 @@ def tensor_bytes(tensor) -> tuple[str, list[int], bytes]:
         plain = _detach(_as_subclass(tensor, _Tensor))
         dtype = _dtype_of(plain)
         shape = [int(n) for n in _size_of(plain)]
+        if (_layout_of(plain) == _strided and not dtype.is_complex and not _is_neg(plain)
+                and _device_of(plain).type == "cpu" and _is_contiguous(plain)):
+            # already dense in order: read without a copy first
+            flat = _reshape(plain, (-1,))
+            if _stride_of(flat) == (1,):  # not an odd stride a size-one dimension may keep
+                return _str(dtype), shape, _numpy(_view(flat, _uint8)).tobytes()
         if dtype.is_complex:
             plain = _resolve_conj(plain)
-        # A fresh tensor of canonical strides, not .contiguous(): a tensor of one element (or with
-        # size-one dimensions) counts as contiguous whatever its strides, and keeps a stride the
-        # byte view refuses. copy_ reads any strides, offset, expansion or aliasing.
+        # Else a fresh tensor of canonical strides, not .contiguous(): a tensor of one element (or
+        # with size-one dimensions) counts as contiguous whatever its strides, and keeps a stride
+        # the byte view refuses. copy_ reads any strides, offset, expansion or aliasing.
         fresh = _empty(shape, dtype=dtype)
         _copy(fresh, _resolve_neg(_cpu(plain)))
         flat = _reshape(fresh, (-1,))
         content = _numpy(_view(flat, _uint8)).tobytes() if flat.numel() else b""
     return _str(dtype), shape, content
+
+
+class SentTensor:
+    """An input the worker built over a private copy of the driver's bytes (`tensor`), with
+    what it looked like then: `read_back` tells whether it still is exactly that."""
+
+    def __init__(self, dtype_name: str, shape, content: bytes):
+        self.content = content
+        self._buffer = bytearray(content)
+        self.tensor = tensor_from_bytes(dtype_name, shape, self._buffer)
+        with _no_overrides():
+            self._geometry = _geometry(self.tensor)
+
+    def read_back(self) -> bytes | None:
+        """None if the tensor holds the bytes it was built from, else its content now (as
+        tensor_bytes reads it). Cheap in the common case: the same view of the same buffer
+        (read through the base class, as tensor_bytes reads), whose bytes are compared in C."""
+        with _no_overrides():
+            same_view = _geometry(self.tensor) == self._geometry
+        if same_view and self._buffer == self.content:
+            return None
+        content = tensor_bytes(self.tensor)[2]
+        return None if content == self.content else content
+
+
+def _geometry(tensor) -> tuple:
+    """What decides which bytes a CPU tensor's content is (call with overrides disabled)."""
+    plain = _as_subclass(tensor, _Tensor)
+    return (_data_ptr(plain), _dtype_of(plain), _tuple(_size_of(plain)), _stride_of(plain),
+            _offset_of(plain), _device_of(plain).type, _is_neg(plain), _is_conj(plain))
 
 
 def encode_value(value, blobs: list, depth: int = 0):
@@ -194,7 +235,8 @@ def tensor_from_bytes(dtype_name: str, shape, content: bytes) -> torch.Tensor:
         raise ValueError(f"{len(content)} bytes for {dtype_name} {tuple(shape)}")
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(content), dtype=torch.uint8).view(dtype).reshape(shape)
+    buffer = content if isinstance(content, bytearray) else bytearray(content)
+    return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).reshape(shape)
 
 
 def _numel(shape) -> int:
@@ -217,9 +259,40 @@ def _dtype_by_name(name: str) -> tuple[torch.dtype, int]:
     return dtype, torch.empty((), dtype=dtype).element_size()
 
 
+class Received:
+    """A tensor a worker reported, as the driver holds it: plain data, its description checked
+    on arrival (ValueError if the parts do not describe a tensor); `tensor()` rebuilds it."""
+
+    __slots__ = ("dtype", "shape", "device", "content")
+
+    def __init__(self, dtype_name: str, shape, content: bytes, device: str):
+        dtype, itemsize = _dtype_by_name(dtype_name)
+        if _numel(shape) * itemsize != len(content):
+            raise ValueError(f"{len(content)} bytes for {dtype_name} {tuple(shape)}")
+        self.dtype, self.shape, self.content, self.device = dtype, tuple(shape), content, device
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def rows(self) -> np.ndarray:
+        """Its rows as (rows, row_bytes) uint8, for bit-exact comparison."""
+        rows = self.shape[0] if self.shape else 1
+        row_bytes = (len(self.content) // rows if rows  # explicit: rows may be 0
+                     else math.prod(self.shape[1:]) * self.dtype.itemsize)
+        return np.frombuffer(self.content, dtype=np.uint8).reshape(rows, row_bytes)
+
+    def ints(self) -> list[int]:
+        """An int64 tensor's elements."""
+        assert self.dtype == torch.int64
+        return np.frombuffer(self.content, dtype="<i8").tolist()
+
+    def tensor(self) -> torch.Tensor:
+        return tensor_from_bytes(str(self.dtype), list(self.shape), self.content)
+
+
 def decode_value(tree, blobs):
-    """The value a worker described: tuples, lists and plain tensors; anything else becomes an
-    empty instance of a class of the same name (what judging needs to name it)."""
+    """The value a worker described: tuples, lists and tensors (as Received); anything else
+    becomes an empty instance of a class of the same name (what judging needs to name it)."""
     kind = tree.get("t") if isinstance(tree, dict) else None
     if kind == "tensor":
         blob = tree.get("blob")
@@ -227,9 +300,7 @@ def decode_value(tree, blobs):
         if content is None:  # a meta tensor: shape and dtype only
             dtype, itemsize = _dtype_by_name(tree["dtype"])
             content = bytes(itemsize * _numel(tree["shape"]))
-        tensor = tensor_from_bytes(tree["dtype"], tree["shape"], content)
-        tensor.reported_device = str(tree.get("device"))[:40]  # rebuilt on the CPU; where it was
-        return tensor
+        return Received(tree["dtype"], tree["shape"], content, str(tree.get("device"))[:40])
     if kind in ("tuple", "list"):
         items = [decode_value(item, blobs) for item in tree["items"]]
         return tuple(items) if kind == "tuple" else items

@@ -257,7 +257,7 @@ class Worker:
         on_switch = self._on_switch(ranges)
 
         def call(rank: int):
-            tensors, slots, nd = inputs[rank]
+            tensors, slots, nd, _ = inputs[rank]
             return targets[rank].call(tensors, slots, nd, shard, group=current_group())
 
         outcomes = self.threads.run(size, call, on_switch)
