@@ -4,6 +4,7 @@ bytes whatever the object returned claims about itself."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -156,6 +157,16 @@ def test_a_sent_input_reads_back_none_only_when_its_content_is_unchanged(change,
     assert (after is not None) == changed
     if changed:
         assert after == wire.tensor_bytes(sent.tensor)[2] != _plain_bytes(original)
+
+
+@pytest.mark.parametrize("shape", [[3, 1, 64], [0, 1, 64], [1], [0]])
+def test_a_sent_input_untouched_takes_the_cheap_reading(shape):
+    """The geometry recorded when the input was built is what _geometry reads of it (else
+    every read_back would copy the tensor: right, but the cost this avoids)."""
+    sent = wire.SentTensor("torch.bfloat16", shape, bytes(2 * math.prod(shape)))
+    with wire._no_overrides():
+        assert wire._geometry(sent.tensor) == sent._geometry
+    assert sent.read_back() is None
 
 
 def test_values_cross_as_plain_data():

@@ -181,8 +181,9 @@ class SentTensor:
         self.content = content
         self._buffer = bytearray(content)
         self.tensor = tensor_from_bytes(dtype_name, shape, self._buffer)
-        with _no_overrides():
-            self._geometry = _geometry(self.tensor)
+        with _no_overrides():  # as _geometry reads it, what was not just given read from torch
+            self._geometry = (_data_ptr(self.tensor), _dtype_by_name(dtype_name)[0], _tuple(shape),
+                              _stride_of(self.tensor), 0, "cpu", False, False)
 
     def read_back(self) -> bytes | None:
         """None if the tensor holds the bytes it was built from, else its content now (as
