@@ -229,7 +229,7 @@ def cache_labels(cache: torch.Tensor, tensor_index: int, valid: np.ndarray) -> d
 
 def observe(prepared: Prepared, rank: int, result) -> RankView:
     """One rank's call at the index level, from what its worker reported (a
-    pcpcheck.backends.RankResult: plain data, tensors rebuilt by the driver from raw bytes)."""
+    pcpcheck.backends.RankResult: plain data, returned tensors as wire.Received)."""
     view = RankView(error=result.error, error_detail=result.error_detail, trace=result.trace,
                     output=result.output, seconds=result.seconds, lost=result.lost)
     specs = prepared.case.tensors
