@@ -79,7 +79,7 @@ class RankResult:
     error_detail: str | None = None
     trace: list[tuple] = field(default_factory=list)
     output: str = ""
-    value: object = None  # rebuilt by the driver: tuples, lists, plain tensors, stand-ins
+    value: object = None  # decoded by the driver: tuples, lists, wire.Received, stand-ins
     # None: unknown (the rank never reported); an input's None: as the driver sent it
     inputs_after: list[bytes | None] | None = None
     poisoned: bool = False  # its process group failed: the pool must be replaced
