@@ -1,11 +1,12 @@
 """`--summary FILE`: the verdict as Markdown, for a CI job's summary page (the GitHub Action
 appends it to `$GITHUB_STEP_SUMMARY`): a headline, the verdict table with the report's cells
 (each regime x invariant marked with its outcome, as JUnit and the pytest items give it), the
-regimes not applicable and why, and the first line of each shown counterexample."""
+regimes not applicable and why, what an exhaustive run covered, whether the budget cut the run
+short, and the first line of each shown counterexample."""
 
 from __future__ import annotations
 
-from pcpcheck.report import cell
+from pcpcheck.report import cell, exhaustive_line
 from pcpcheck_spec.names import HAZARD_REGIMES
 from pcpcheck_spec.registry import GATHER_IDS, RELEASE_IDS
 
@@ -39,6 +40,11 @@ def summary_markdown(result) -> str:
         lines.append(f"| {invariant} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("cases per regime: " + ", ".join(f"{s.regime} {s.cases}" for s in result.regimes))
+    if result.options.scope is not None:  # the bounded claim, or how much of it was checked
+        lines += ["", _escape(exhaustive_line(result, verdict))]
+    if any(s.budget_reached for s in result.regimes):
+        lines += ["", f"The budget of {result.options.budget_s:g} s was reached: the counts are "
+                  "of the cases checked before it."]
     for summary in result.regimes:
         if summary.not_applicable:
             lines.append(f"- {summary.regime}: not applicable: {_escape(summary.not_applicable)}")

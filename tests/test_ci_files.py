@@ -126,6 +126,10 @@ def test_the_actions_mode_input(action, tmp_path):
                     regimes="replicated", budget="15")
     assert " --exhaustive" in step["out"].splitlines()[0]  # pcpcheck's exhaustive search
     assert re.search(r"^exhaustive: [\d,]+ of [\d,]+ steps", step["out"], re.M), step["out"][-3000:]
+    # the job summary says what the bounded claim covered, and that the budget cut it short
+    assert re.search(r"^exhaustive: [\d,]+ of [\d,]+ steps .*: the budget ran out$",
+                     step["summary"], re.M), step["summary"]
+    assert "The budget of 15 s was reached" in step["summary"]
     step = run_step("pcpcheck vllm", venv, checkout, action_path, mode="sometimes")
     assert (step["code"], step["outputs"]) == (2, {"exit-code": "2"})
     assert "::error::pcpcheck: mode must be random or exhaustive, got 'sometimes'" in step["out"]
