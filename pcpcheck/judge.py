@@ -250,10 +250,13 @@ def observe(prepared: Prepared, rank: int, result) -> RankView:
     view.caches = prepared.written(view.rows, view.slots)
     view.inputs_before = [src.tobytes() for src in prepared.sources[rank]]
     view.inputs_before.append(prepared.slot_maps[rank].tobytes())
-    # A rank that never reported: its inputs are unknown, not mutated.
-    after = result.inputs_after or [None] * len(view.inputs_before)
-    view.inputs_after = [before if now is None else now
-                         for before, now in zip(view.inputs_before, after)]
+    # None for the whole: a rank that never reported, its inputs unknown, not mutated. None for
+    # an input: unchanged, the driver's bytes. A report of another length keeps its length
+    # (NO_MUTATION compares the lists whole).
+    before = view.inputs_before
+    after = result.inputs_after if result.inputs_after is not None else [None] * len(before)
+    view.inputs_after = [before[k] if now is None and k < len(before) else now
+                         for k, now in enumerate(after)]
     return view
 
 

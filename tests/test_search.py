@@ -118,3 +118,27 @@ def test_an_invariant_violated_only_beside_an_earlier_one_still_cites_a_case():
     assert sum(r.num_tokens for r in result.counterexamples[0].prepared.case.batch.requests) == 1
     shows = [o for o in result.counterexamples if REPLICA in {v.invariant for v in o.violations}]
     assert len(shows) == 1 and sum(r.num_tokens for r in shows[0].prepared.case.batch.requests) >= 6
+
+
+@pytest.mark.parametrize("reported, mutated, holds", [
+    ("all unchanged", [], True),
+    ("slot map changed", ["slot_mapping"], False),
+    ("one entry too many", [], False),
+    ("never reported", [], True),
+])
+def test_what_a_rank_reports_of_its_inputs_is_what_no_mutation_judges(reported, mutated, holds):
+    """None for an input: as the driver sent it (its bytes stand in); None for the whole: the
+    rank never reported; a report of another length is never read as unchanged."""
+    import pcpcheck_spec.invariants as inv
+    from pcpcheck.judge import observe, prepare
+    from pcpcheck.shared.messages import RankResult
+    case = draw_case(random.Random(3), (SHARDED,), 2)[0]
+    prepared = prepare(case)
+    count = len(case.tensors) + 1
+    after = {"all unchanged": [None] * count,
+             "slot map changed": [None] * (count - 1) + [b"\xff" * 8],
+             "one entry too many": [None] * (count + 1),
+             "never reported": None}[reported]
+    view = observe(prepared, 0, RankResult(error="raised", inputs_after=after))
+    assert view.mutated == mutated
+    assert inv.no_input_mutation(view.inputs_before, view.inputs_after) == holds
