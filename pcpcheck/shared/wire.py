@@ -230,14 +230,20 @@ def encode_value(value, blobs: list, depth: int = 0):
 
 def tensor_from_bytes(dtype_name: str, shape, content: bytes) -> torch.Tensor:
     """A plain CPU tensor; ValueError if the parts do not describe one."""
-    dtype, itemsize = _dtype_by_name(dtype_name)
-    numel = _numel(shape)
-    if numel * itemsize != len(content):
-        raise ValueError(f"{len(content)} bytes for {dtype_name} {tuple(shape)}")
+    dtype, numel = _described(dtype_name, shape, content)
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
     buffer = content if isinstance(content, bytearray) else bytearray(content)
     return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def _described(dtype_name: str, shape, content) -> tuple[torch.dtype, int]:
+    """(dtype, element count) of a tensor's parts; ValueError if they do not describe one."""
+    dtype, itemsize = _dtype_by_name(dtype_name)
+    numel = _numel(shape)
+    if numel * itemsize != len(content):
+        raise ValueError(f"{len(content)} bytes for {dtype_name} {tuple(shape)}")
+    return dtype, numel
 
 
 def _numel(shape) -> int:
@@ -267,9 +273,7 @@ class Received:
     __slots__ = ("dtype", "shape", "device", "content")
 
     def __init__(self, dtype_name: str, shape, content: bytes, device: str):
-        dtype, itemsize = _dtype_by_name(dtype_name)
-        if _numel(shape) * itemsize != len(content):
-            raise ValueError(f"{len(content)} bytes for {dtype_name} {tuple(shape)}")
+        dtype = _described(dtype_name, shape, content)[0]
         self.dtype, self.shape, self.content, self.device = dtype, tuple(shape), content, device
 
     def dim(self) -> int:
