@@ -65,10 +65,20 @@ class Prepared:
     # same bytes): (tensor index, output bytes) -> labels, and (rows, slots) -> cache.
     _decoded: dict = field(default_factory=dict, repr=False)
     _written: dict = field(default_factory=dict, repr=False)
+    # rank -> input_bytes; not carried by dataclasses.replace (another slot map: other bytes)
+    _input_bytes: dict = field(default_factory=dict, init=False, repr=False)
 
     @property
     def size(self) -> int:
         return self.case.batch.pcp_size
+
+    def input_bytes(self, rank: int) -> list[bytes]:
+        """A rank's pristine inputs as bytes, each tensor's then the slot map's: what is sent to
+        its worker and what NO_MUTATION compares with (an input reported unchanged is these)."""
+        if rank not in self._input_bytes:
+            self._input_bytes[rank] = ([source.tobytes() for source in self.sources[rank]]
+                                       + [self.slot_maps[rank].tobytes()])
+        return self._input_bytes[rank]
 
     def content(self, tensor_index: int) -> np.ndarray:
         """Rows of every input label (self.labels order) in one tensor, to decode outputs."""
@@ -248,8 +258,7 @@ def observe(prepared: Prepared, rank: int, result) -> RankView:
     if not view.rows:
         view.rows = [[] for _ in specs]
     view.caches = prepared.written(view.rows, view.slots)
-    view.inputs_before = [src.tobytes() for src in prepared.sources[rank]]
-    view.inputs_before.append(prepared.slot_maps[rank].tobytes())
+    view.inputs_before = list(prepared.input_bytes(rank))
     # None for the whole: a rank that never reported, its inputs unknown, not mutated. None for
     # an input: unchanged, the driver's bytes. A report of another length keeps its length
     # (NO_MUTATION compares the lists whole).

@@ -136,10 +136,7 @@ def case_message(prepared, target: TargetInfo, ranks) -> tuple[dict, list]:
               "size": prepared.size, "shard": prepared.shard,
               "tensors": [[str(spec.torch_dtype), list(spec.trailing)] for spec in prepared.case.tensors],
               "nds": [prepared.nds[rank] for rank in ranks]}
-    blobs = []
-    for rank in ranks:
-        blobs += [source.tobytes() for source in prepared.sources[rank]]
-        blobs.append(prepared.slot_maps[rank].tobytes())
+    blobs = [content for rank in ranks for content in prepared.input_bytes(rank)]
     return header, blobs
 
 
