@@ -28,9 +28,8 @@ PACKAGES = {"pcpcheck": "pcpcheck", "pcpcheck_spec": "spec", "pcpcheck_reference
             "pcpcheck_impl": "impl"}
 
 
-def import_path(tree: Path, scratch: Path) -> str:
-    """A folder whose entries are the tree's packages under their import names."""
-    links = scratch
+def import_path(tree: Path, links: Path) -> str:
+    """`links`, made a folder whose entries are the tree's packages under their import names."""
     links.mkdir()
     for name, folder in PACKAGES.items():
         (links / name).symlink_to(tree / folder)
