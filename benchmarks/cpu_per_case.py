@@ -8,6 +8,12 @@ cases) in a fresh process tree; its CPU is what the command and every process un
 (getrusage of the reaped children: the fork server reaps its workers, the driver the fork
 server), divided by the cases it judged. Each tree's packages are imported from the tree itself
 (a folder of links maps pcpcheck_spec to its spec/ and so on), never from the installed copy.
+
+Then the floor of this tree, per P: what no checker of this design can go below. The fixed
+start (the CPU of the same command with --max-examples 1, spread over the default run's cases),
+and the target's own calls: the default run's very cases, their inputs built beforehand, run
+in this process on the greenlet scheduler the worker uses (CPU of the calls alone), and of that
+the scheduler's share (a target that only gathers one small tensor per case).
 """
 
 from __future__ import annotations
@@ -52,12 +58,60 @@ def run(tree: Path, path: str, max_ranks: int) -> tuple[float, float, int]:
     return cpu, wall, int(found.group(1))
 
 
+def floor(max_ranks: int) -> tuple[float, float, float]:
+    """(fixed start, the target's calls, the scheduler's share): ms CPU per case of this tree's
+    default run at `max_ranks`."""
+    import random
+
+    import torch
+
+    from pcpcheck.cases import draw_case
+    from pcpcheck.judge import prepare
+    from pcpcheck.worker.loader import load_target
+    from pcpcheck.worker.rankctx import current_group
+    from pcpcheck.worker.runner import ThreadRunner
+    from pcpcheck_spec.names import DEFAULT_REGIMES
+
+    cases = 3000
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-m", "pcpcheck", "check", "impl", "--max-ranks", str(max_ranks),
+                    "--max-examples", "1"], cwd=HERE, capture_output=True, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    total = cases * len(DEFAULT_REGIMES)
+    # the search's draws: random.Random(0) per regime (derandomized)
+    prepared = [prepare(draw_case(rng, (regime,), max_ranks)[0])
+                for regime in DEFAULT_REGIMES for rng in [random.Random(0)] for _ in range(cases)]
+    inputs = [[p.inputs(rank) for rank in range(p.size)] for p in prepared]
+    targets = [load_target("impl") for _ in range(max_ranks)]
+    runner = ThreadRunner()
+    small = torch.zeros(1)
+
+    def calls(call) -> float:
+        began = time.process_time()
+        for each, rank_inputs in zip(prepared, inputs):
+            runner.run(each.size, lambda rank: call(each, rank_inputs[rank], rank))
+        return time.process_time() - began
+
+    target = calls(lambda each, args, rank: targets[rank].call(*args, each.shard,
+                                                               group=current_group()))
+    scheduler = calls(lambda each, args, rank: current_group().all_gather(small, 0))
+    return 1e3 * start / total, 1e3 * target / total, 1e3 * scheduler / total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--before", type=Path, required=True, help="a checkout of the landed code")
+    parser.add_argument("--before", type=Path,
+                        help="a checkout of the landed code (required, but with --floor-only)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-ranks", default="4,8")
+    parser.add_argument("--floor-only", action="store_true", help="print this tree's floor alone")
     options = parser.parse_args()
+    if options.floor_only:
+        print_floors(options.max_ranks)
+        return
+    if options.before is None:
+        parser.error("--before is required (a checkout of the landed code), but with --floor-only")
     trees = {"landed": options.before.resolve(), "this tree": HERE}
     with tempfile.TemporaryDirectory() as scratch:
         paths = {name: import_path(tree, Path(scratch, name.replace(" ", "_")))
@@ -76,6 +130,16 @@ def main() -> None:
             print(f"P <= {max_ranks}: median ms CPU per case, landed {medians['landed']:.2f}, "
                   f"this tree {medians['this tree']:.2f}: "
                   f"{medians['landed'] / medians['this tree']:.2f}x cheaper", flush=True)
+    print_floors(options.max_ranks)
+
+
+def print_floors(max_ranks_list: str) -> None:
+    for max_ranks in map(int, max_ranks_list.split(",")):
+        start, target, scheduler = floor(max_ranks)
+        print(f"P <= {max_ranks}: floor of this tree, ms CPU per case: fixed start {start:.2f}, "
+              f"the target's calls {target:.2f} (of which the scheduler {scheduler:.2f}): "
+              f"{start + target:.2f} together (load "
+              + " ".join(f"{x:.1f}" for x in os.getloadavg()) + ")", flush=True)
 
 
 if __name__ == "__main__":

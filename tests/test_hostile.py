@@ -73,6 +73,7 @@ EXPECTED = {
     "forge_judge.py": Expect(1, REPLICA),
     "forge_cli.py": Expect(1, REPLICA),
     "forge_observation.py": Expect(1, REPLICA),
+    "forge_inputs.py": Expect(1, NO_MUTATION),
     "atexit_exit0.py": Expect(1, REPLICA),
     "closes_stdout.py": Expect(1, REPLICA),
     "floods_output.py": Expect(1, REPLICA),

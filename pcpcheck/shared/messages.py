@@ -199,7 +199,10 @@ def encode_rank(rank: int, outcome, inputs, output: str, blobs: list) -> dict:
     after = []  # per input: the blob of its content after the call, None if unchanged
     sent = inputs[3] if len(inputs) > 3 else None
     for k, tensor in enumerate((*inputs[0], inputs[1])):
-        content = sent[k].read_back() if sent is not None else wire.tensor_bytes(tensor)[2]
+        try:
+            content = sent[k].read_back() if sent is not None else wire.tensor_bytes(tensor)[2]
+        except Exception:  # noqa: BLE001 - the call left it unreadable: not what was sent
+            content = b""
         if content is None:
             after.append(None)
         else:

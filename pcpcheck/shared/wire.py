@@ -6,7 +6,9 @@ sends is untrusted, and the driver only ever parses JSON and copies bytes.
 
 Tensors leave the worker as (dtype name, shape, raw bytes), read through torch's base-class
 functions captured when this module is imported, before any target is loaded, with torch
-function overrides disabled: a Tensor subclass whose methods lie cannot change what is read.
+function overrides disabled: a Tensor subclass whose methods lie cannot change what is read,
+and a target that replaces torch's or numpy's functions cannot change how its inputs are built
+or read back. A tensor reaching past the end of its storage is not read (freed memory).
 The driver holds them as `Received` (dtype, shape, the device the worker found the tensor on,
 bytes), checked like a tensor rebuilt from them and read as bytes or ints, never through torch.
 """
@@ -143,9 +145,22 @@ _no_overrides = torch._C.DisableTorchFunction
 _Tensor = torch.Tensor
 _uint8 = torch.uint8
 _data_ptr, _stride_of, _offset_of = _TensorBase.data_ptr, _TensorBase.stride, _TensorBase.storage_offset
-_is_neg, _is_conj, _is_contiguous = _TensorBase.is_neg, _TensorBase.is_conj, _TensorBase.is_contiguous
+_is_neg, _is_conj = _TensorBase.is_neg, _TensorBase.is_conj
 _layout_of, _strided = _TensorBase.layout.__get__, torch.strided
+_is_cpu = _TensorBase.is_cpu.__get__
+_storage_of, _storage_nbytes = _TensorBase.untyped_storage, torch._C.StorageBase.nbytes
+# Per dtype of a plain strided tensor, the dtype of the same item size numpy holds (itself where
+# numpy has it): tensors are read and built through numpy, in fewer calls than torch's own views.
+_NUMPY_READABLE = {dtype: dtype for dtype in (torch.float16, torch.float32, torch.float64,
+                                              torch.int8, torch.int16, torch.int32, torch.int64,
+                                              torch.uint8, torch.bool)}
+_NUMPY_READABLE[torch.bfloat16] = torch.int16
+_NUMPY_READABLE.update({getattr(torch, name): torch.uint8 for name in ("float8_e4m3fn", "float8_e5m2")
+                        if hasattr(torch, name)})
+_NUMPY_DTYPE = {dtype: _empty(0, dtype=dtype).numpy().dtype for dtype in set(_NUMPY_READABLE.values())}
+_np_frombuffer, _from_numpy, _torch_frombuffer = np.frombuffer, torch.from_numpy, torch.frombuffer
 _isinstance, _type, _len, _tuple, _list, _str = isinstance, type, len, tuple, list, str
+_bytearray = bytearray
 _tuple_iter, _list_iter = tuple.__iter__, list.__iter__
 
 
@@ -155,12 +170,14 @@ def tensor_bytes(tensor) -> tuple[str, list[int], bytes]:
         plain = _detach(_as_subclass(tensor, _Tensor))
         dtype = _dtype_of(plain)
         shape = [int(n) for n in _size_of(plain)]
-        if (_layout_of(plain) == _strided and not dtype.is_complex and not _is_neg(plain)
-                and _device_of(plain).type == "cpu" and _is_contiguous(plain)):
-            # already dense in order: read without a copy first
-            flat = _reshape(plain, (-1,))
-            if _stride_of(flat) == (1,):  # not an odd stride a size-one dimension may keep
-                return _str(dtype), shape, _numpy(_view(flat, _uint8)).tobytes()
+        if _layout_of(plain) == _strided and _is_cpu(plain):
+            if not _in_storage(plain, dtype):
+                raise ValueError(f"a {_str(dtype)} tensor of shape {tuple(shape)} reaches past the "
+                                 "end of its storage (resized smaller after the tensor was made)")
+            readable = _NUMPY_READABLE.get(dtype)
+            if readable is not None and not _is_neg(plain):
+                # numpy's tobytes reads the logical content in order: any strides, offset, expansion
+                return _str(dtype), shape, _numpy(_view(plain, readable)).tobytes()
         if dtype.is_complex:
             plain = _resolve_conj(plain)
         # Else a fresh tensor of canonical strides, not .contiguous(): a tensor of one element (or
@@ -171,6 +188,16 @@ def tensor_bytes(tensor) -> tuple[str, list[int], bytes]:
         flat = _reshape(fresh, (-1,))
         content = _numpy(_view(flat, _uint8)).tobytes() if flat.numel() else b""
     return _str(dtype), shape, content
+
+
+def _in_storage(plain, dtype) -> bool:
+    """Whether every element of a strided tensor lies within its storage: a storage resized
+    smaller after the tensor was made leaves it reading freed memory (call with overrides off)."""
+    shape, strides = _size_of(plain), _stride_of(plain)
+    if 0 in shape:
+        return True
+    last = _offset_of(plain) + sum((n - 1) * stride for n, stride in zip(shape, strides))
+    return (last + 1) * dtype.itemsize <= _storage_nbytes(_storage_of(plain))
 
 
 class SentTensor:
@@ -229,12 +256,20 @@ def encode_value(value, blobs: list, depth: int = 0):
 # --- driver side: rebuild plain objects from what a worker sent --------------------------------
 
 def tensor_from_bytes(dtype_name: str, shape, content: bytes) -> torch.Tensor:
-    """A plain CPU tensor; ValueError if the parts do not describe one."""
+    """A plain CPU tensor (over `content` itself if it is a bytearray); ValueError if the parts do
+    not describe one. Built with the functions captured at import: in a worker, a target loaded
+    since may have replaced torch's or numpy's (an input built over a copy of the bytes the
+    worker keeps would hide what the call wrote into it)."""
     dtype, numel = _described(dtype_name, shape, content)
-    if numel == 0:
-        return torch.empty(shape, dtype=dtype)
-    buffer = content if isinstance(content, bytearray) else bytearray(content)
-    return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).reshape(shape)
+    with _no_overrides():
+        if numel == 0:
+            return _empty(shape, dtype=dtype)
+        buffer = content if _type(content) is _bytearray else _bytearray(content)
+        readable = _NUMPY_READABLE.get(dtype)
+        if readable is not None:
+            array = _np_frombuffer(buffer, dtype=_NUMPY_DTYPE[readable]).reshape(shape)
+            return _view(_from_numpy(array), dtype)
+        return _reshape(_view(_torch_frombuffer(buffer, dtype=_uint8), dtype), shape)
 
 
 def _described(dtype_name: str, shape, content) -> tuple[torch.dtype, int]:

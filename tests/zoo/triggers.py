@@ -129,3 +129,20 @@ def returns_one_tensor_less(tensors, slot_mapping, num_decode_tokens, shard_deco
     """RETURNS by count: the last input tensor's gathered rows are not returned."""
     rows, slots = _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
     return tuple(rows[:-1]), slots
+
+
+def returns_rows_past_their_storage(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
+    """RETURNS, not a pass: the right rows, then their storage freed under them (the freed memory
+    may still hold the right bytes; reading it is no evidence, and may crash)."""
+    rows, slots = _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+    rows[0].untyped_storage().resize_(0)
+    return tuple(rows), slots
+
+
+def leaves_an_input_past_its_storage(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
+    """NO_MUTATION: the right outputs, and tensors[0] left on a storage freed under it."""
+    result = _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+    moved = tensors[0].clone()
+    tensors[0].set_(moved.untyped_storage(), 0, moved.shape, moved.stride())
+    moved.untyped_storage().resize_(0)
+    return result
