@@ -164,10 +164,16 @@ _bytearray = bytearray
 _tuple_iter, _list_iter = tuple.__iter__, list.__iter__
 
 
+def _plain(tensor):
+    """The tensor as a plain torch.Tensor (a subclass's methods set aside); a plain one is
+    itself (what it reads through the base class is the same)."""
+    return tensor if _type(tensor) is _Tensor else _as_subclass(tensor, _Tensor)
+
+
 def tensor_bytes(tensor) -> tuple[str, list[int], bytes]:
     """(dtype, shape, content) of a tensor, read as a plain torch.Tensor."""
     with _no_overrides():
-        plain = _detach(_as_subclass(tensor, _Tensor))
+        plain = _detach(_plain(tensor))
         dtype = _dtype_of(plain)
         shape = [int(n) for n in _size_of(plain)]
         if _layout_of(plain) == _strided and _is_cpu(plain):
@@ -226,7 +232,7 @@ class SentTensor:
 
 def _geometry(tensor) -> tuple:
     """What decides which bytes a CPU tensor's content is (call with overrides disabled)."""
-    plain = _as_subclass(tensor, _Tensor)
+    plain = _plain(tensor)
     return (_data_ptr(plain), _dtype_of(plain), _tuple(_size_of(plain)), _stride_of(plain),
             _offset_of(plain), _device_of(plain).type, _is_neg(plain), _is_conj(plain))
 
@@ -235,10 +241,10 @@ def encode_value(value, blobs: list, depth: int = 0):
     """A JSON tree of a returned value; tensors' bytes appended to `blobs`."""
     if _isinstance(value, _Tensor):
         with _no_overrides():
-            device = _device_of(_as_subclass(value, _Tensor))
+            device = _device_of(_plain(value))
         if device.type == "meta":  # no data to read: its description alone (RETURNS names it)
             with _no_overrides():
-                plain = _as_subclass(value, _Tensor)
+                plain = _plain(value)
                 dtype, shape = _str(_dtype_of(plain)), [int(n) for n in _size_of(plain)]
             return {"t": "tensor", "dtype": dtype, "shape": shape, "blob": None, "device": "meta"}
         dtype, shape, content = tensor_bytes(value)
