@@ -185,9 +185,10 @@ def trace_entry(entry) -> list:
             else repr(item) for item in entry]
 
 
-def encode_rank(rank: int, outcome, inputs, output: str, blobs: list) -> dict:
+def encode_rank(rank: int, outcome, inputs, output: str, blobs: list, sent=None) -> dict:
     """One rank's result (a pcpcheck.worker.runner.RankOutcome) as plain data, tensors' bytes
-    appended to blobs."""
+    appended to blobs. `inputs`: (tensors, slot_mapping, ...) the call was given; `sent`: each as
+    rank_inputs built it (wire.SentTensor), else None (each is read back whole)."""
     result = {"rank": rank, "error": outcome.error, "error_detail": outcome.error_detail,
               "trace": [trace_entry(e) for e in outcome.trace], "output": output, "value": None,
               "input_device": str(inputs[1].device)}
@@ -197,7 +198,6 @@ def encode_rank(rank: int, outcome, inputs, output: str, blobs: list) -> dict:
         except Exception as exc:  # noqa: BLE001 - sparse, meta, a storage that cannot be read
             result["error"] = f"returned tensors pcpcheck cannot read: {type(exc).__name__}: {exc}"[:300]
     after = []  # per input: the blob of its content after the call, None if unchanged
-    sent = inputs[3] if len(inputs) > 3 else None
     for k, tensor in enumerate((*inputs[0], inputs[1])):
         try:
             content = sent[k].read_back() if sent is not None else wire.tensor_bytes(tensor)[2]

@@ -263,7 +263,7 @@ class Worker:
         outcomes = self.threads.run(size, call, on_switch)
         out_blobs: list = []
         results = [encode_rank(rank, outcomes[rank], inputs[rank], self.capture.text(ranges[rank]),
-                               out_blobs) for rank in range(size)]
+                               out_blobs, sent=inputs[rank][3]) for rank in range(size)]
         return results, out_blobs
 
     def _rank_case(self, header, blobs, target):
@@ -288,7 +288,8 @@ class Worker:
         self.poisoned = group.poisoned
         end = self.capture.mark()
         out_blobs: list = []
-        result = encode_rank(rank, outcome, inputs, self.capture.text([(0, end)]), out_blobs)
+        result = encode_rank(rank, outcome, inputs, self.capture.text([(0, end)]), out_blobs,
+                             sent=inputs[3])
         result["poisoned"] = group.poisoned
         return [result], out_blobs
 
