@@ -79,9 +79,10 @@ def floor(max_ranks: int) -> tuple[float, float, float]:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     total = cases * len(DEFAULT_REGIMES)
-    # the search's draws: random.Random(0) per regime (derandomized)
-    prepared = [prepare(draw_case(rng, (regime,), max_ranks)[0])
-                for regime in DEFAULT_REGIMES for rng in [random.Random(0)] for _ in range(cases)]
+    prepared = []
+    for regime in DEFAULT_REGIMES:
+        rng = random.Random(0)  # the search's draws, derandomized: a seed of 0 per regime
+        prepared += [prepare(draw_case(rng, (regime,), max_ranks)[0]) for _ in range(cases)]
     inputs = [[p.inputs(rank) for rank in range(p.size)] for p in prepared]
     targets = [load_target("impl") for _ in range(max_ranks)]
     runner = ThreadRunner()
