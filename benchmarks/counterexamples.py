@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pcpcheck_reference as reference
 from pcpcheck.backends import make_backend
-from pcpcheck.engine import search
+from pcpcheck.search.engine import search
 
 ZOO = Path(__file__).resolve().parent.parent / "tests" / "zoo"
 TARGETS = [  # file, the regime where it is wrong (tests/test_zoo.py's ZOO_CASES)

@@ -65,8 +65,8 @@ def floor(max_ranks: int) -> tuple[float, float, float]:
 
     import torch
 
-    from pcpcheck.cases import draw_case
-    from pcpcheck.judge import prepare
+    from pcpcheck.judge.prepare import prepare
+    from pcpcheck.search.draw import draw_case
     from pcpcheck.worker.loader import load_target
     from pcpcheck.worker.rankctx import current_group
     from pcpcheck.worker.runner import ThreadRunner

@@ -17,14 +17,16 @@ import os
 import time
 
 from benchmarks.throughput import drawn_cases
-from pcpcheck.judge import judge, observe, prepare
 from pcpcheck.backends import make_backend
+from pcpcheck.judge.observe import observe
+from pcpcheck.judge.prepare import prepare
+from pcpcheck.judge.verdict import judge
 
 
 def forget_batches() -> None:
     """Each repeat sees every case afresh: prepare keeps what it derives per batch (a batch drawn
     again within the cases is a hit, as in a search; one seen in an earlier repeat must not be)."""
-    module = importlib.import_module("pcpcheck.judge")
+    module = importlib.import_module("pcpcheck.judge.run")
     clear = getattr(getattr(module, "_kept_plan", None), "cache_clear", None)  # absent before the cache existed
     if clear:
         clear()

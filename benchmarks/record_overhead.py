@@ -1,4 +1,4 @@
-"""What the recorder plugin (pcpcheck.vllm.record) adds to one PCP step on one rank, on CPU:
+"""What the recorder plugin (pcpcheck.vllm_plugin) adds to one PCP step on one rank, on CPU:
 its hooks on the manager's step entry and slot maps and on the MLA wrapper (reading the step's
 arrays, reading blocks back from the global slot maps, the sha256 of the wrapper's inputs and
 outputs, one JSON line written), around a wrapper that does nothing. On a GPU the sha256 also
@@ -19,7 +19,7 @@ import types
 import numpy as np
 import torch
 
-from pcpcheck.vllm import record
+from pcpcheck import vllm_plugin as record
 
 
 class Manager:

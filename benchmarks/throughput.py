@@ -16,11 +16,10 @@ import os
 import random
 import time
 
-
 from pcpcheck.backends import make_backend
-from pcpcheck.cases import draw_case
-from pcpcheck.judge import run_case, run_cases
-from pcpcheck.engine import search
+from pcpcheck.judge.run import run_case, run_cases
+from pcpcheck.search.draw import draw_case
+from pcpcheck.search.engine import search
 from pcpcheck_spec.names import REGIMES
 
 

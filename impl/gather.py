@@ -197,7 +197,7 @@ def _check_num_decode_tokens(num_decode_tokens: Any, num_rows: int) -> int:
     return nd
 
 
-def _check_world_size(world_size: Any) -> int:
+def check_world_size(world_size: Any) -> int:
     if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
         raise ValueError(f"the PCP group's world_size must be a positive int, got {world_size!r}")
     return int(world_size)
@@ -372,12 +372,12 @@ def gather_prefill_cache_inputs(
     (docs/errors.md lists every message).
     Outputs are views of the inputs or fresh tensors; inputs are never mutated.
     """
-    return _gather(
+    return gather_named(
         tensors, slot_mapping, num_decode_tokens, shard_decode_requests, group, check_nd_agreement
     )
 
 
-def _gather(
+def gather_named(
     tensors: Any,
     slot_mapping: Any,
     num_decode_tokens: Any,
@@ -386,6 +386,8 @@ def _gather(
     check_agreement: bool | None,
     names: Sequence[str] | None = None,
 ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """The gather, its messages naming the caller's arguments (`names`: the MLA and indexer
+    wrappers pass theirs)."""
     shard = check_flag("shard_decode_requests", shard_decode_requests)
     tensors, num_rows, num_slots, nd = validate_gather_inputs(
         tensors, slot_mapping, num_decode_tokens, names=names
@@ -394,7 +396,7 @@ def _gather(
         return tuple(t[:num_slots] for t in tensors), slot_mapping[:num_slots]
 
     group = get_pcp_group() if group is None else as_group(group)
-    world_size = _check_world_size(group.world_size)
+    world_size = check_world_size(group.world_size)
     check_expanded_map(num_rows, num_slots, world_size, slot_mapping.dtype)
     if CHECK_ND_AGREEMENT if check_agreement is None else check_agreement:
         check_nd_agreement(group, num_rows, num_slots, nd, shard, slot_mapping.device)

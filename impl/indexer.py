@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from .gather import (
-    _check_world_size,
-    _gather,
+    check_world_size,
+    gather_named,
     check_flag,
     check_slot_mapping,
     check_tensor,
@@ -51,10 +51,10 @@ def gather_indexer_cache_inputs(
     num_slots = slot_mapping.shape[0]
     if num_slots > k.shape[0]:
         group = get_pcp_group() if group is None else as_group(group)
-        k = k[: num_slots // _check_world_size(group.world_size)]
+        k = k[: num_slots // check_world_size(group.world_size)]
     else:
         k = k[:num_slots]
-    (k_out,), slots_out = _gather(
+    (k_out,), slots_out = gather_named(
         (k,), slot_mapping, num_decode_tokens, shard, group, check_nd_agreement, names=("k",),
     )
     return k_out, slots_out

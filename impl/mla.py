@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .gather import _gather, check_flag, check_tensor, resolve_shard_flag
+from .gather import check_flag, check_tensor, gather_named, resolve_shard_flag
 
 __all__ = ["gather_mla_cache_inputs"]
 
@@ -46,7 +46,7 @@ def gather_mla_cache_inputs(
     check_tensor("k_pe", k_pe)
     num_rows, trailing = k_pe.shape[0], tuple(k_pe.shape[1:])
     k_pe_flat = k_pe.reshape(num_rows, math.prod(trailing))
-    (kv_out, k_pe_out), slots_out = _gather(
+    (kv_out, k_pe_out), slots_out = gather_named(
         (kv_c_normed, k_pe_flat),
         slot_mapping,
         num_decode_tokens,

@@ -1,7 +1,7 @@
 import sys
 
 try:
-    from pcpcheck.cli import command
+    from pcpcheck.faces.cli import command
 except KeyboardInterrupt:  # Ctrl-C in the few milliseconds before command() handles it
     print("pcpcheck: interrupted", file=sys.stderr)
     raise SystemExit(130) from None

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from pcpcheck_spec.names import Batch
-from .layout import _all_global_slots, dcp_size
+
+from .layout import all_global_slots, dcp_size
 
 
 def write_cache(cache: np.ndarray, rows, slots) -> None:
@@ -48,7 +49,7 @@ def expected_caches(batch: Batch, slots=None) -> list:
     rank r owns. slots: optional override as in reference.layout.
     """
     owned = []
-    for s in _all_global_slots(batch, slots):
+    for s in all_global_slots(batch, slots):
         tokens = np.flatnonzero(s >= 0).astype(np.int64)
         order = np.argsort(s[tokens], kind="stable")
         owned.append((s[tokens][order], tokens[order]))

@@ -116,7 +116,7 @@ def global_slot_maps(batch: Batch) -> list:
     return [np.where(owner == d, slot, PAD_SLOT_ID) for d in range(dd)]
 
 
-def _all_global_slots(batch: Batch, slots) -> list:
+def all_global_slots(batch: Batch, slots) -> list:
     """S_d for every DCP rank d, from the formula or the caller's override."""
     if slots is None:
         return global_slot_maps(batch)
@@ -223,7 +223,7 @@ def layout(batch: Batch, slots=None, era: str = ERA_CURRENT) -> Layout:
         dest = tok = np.zeros(0, dtype=_I64)
     labels = -1 - np.arange(size, dtype=_I64)  # pad_label(r, j, W) == -(1 + r*W + j)
     labels[dest] = tok
-    per_dcp = _all_global_slots(batch, slots)
+    per_dcp = all_global_slots(batch, slots)
     if dd == 1:
         e = expand_slot_mapping(gidx, wmask, per_dcp[0])
         slot_maps = [e] + [e.copy() for _ in range(pp - 1)]
@@ -343,7 +343,7 @@ def _draft_layout(batch: Batch, slots) -> Layout:
         nd = batch.num_decode_tokens
         if nd is None or not 0 <= nd < n:
             raise ValueError(f"draft-mixed needs 0 <= num_decode_tokens < {n}, got {nd}")
-    s = _all_global_slots(batch, slots)[0]
+    s = all_global_slots(batch, slots)[0]
     if batch.pad_slot_map:
         s = np.concatenate((s, np.full(rows - n, PAD_SLOT_ID, dtype=_I64)))
     base = np.arange(rows, dtype=_I64)

@@ -1,6 +1,6 @@
 """The invariant registry: every ID of SPEC.md with its predicate, scope and regimes.
 
-The judge (pcpcheck.judge.judge), the verdict table and the SPEC-ID tests iterate REGISTRY; its
+The judge (pcpcheck.judge.verdict.judge), the verdict table and the SPEC-ID tests iterate REGISTRY; its
 order is the reporting priority (a case is reported under the first ID it violates). Adding an
 invariant is one entry here, one predicate in spec/invariants.py and one section in SPEC.md.
 
@@ -15,8 +15,22 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import invariants as inv
-from .names import (COLLECTIVE, DCP, LAYOUT, LENGTH, NO_MUTATION, PAD_HYGIENE, PAIRING,
-                        REGIMES, REPLICA, REPLICATED, RETURNS, SHARD, SHARDED, UNIQUE)
+from .names import (
+    COLLECTIVE,
+    DCP,
+    LAYOUT,
+    LENGTH,
+    NO_MUTATION,
+    PAD_HYGIENE,
+    PAIRING,
+    REGIMES,
+    REPLICA,
+    REPLICATED,
+    RETURNS,
+    SHARD,
+    SHARDED,
+    UNIQUE,
+)
 
 # Scopes: what one evaluation of the predicate covers.
 PER_RANK = "per rank"  # once per rank: (step, rank)
@@ -74,7 +88,7 @@ class Invariant:
 _D1 = tuple(regime for regime in REGIMES if regime != DCP)  # every rank holds a full replica
 
 REGISTRY: tuple[Invariant, ...] = (
-    # Judged in the driver of `pcpcheck vllm` on each rank's manager view (pcpcheck.vllm.judge), not
+    # Judged in the driver of `pcpcheck vllm` on each rank's manager view (pcpcheck.judge.release_case), not
     # by `evaluate`: the Step of a gather call has no layout. Drafts use no manager.
     Invariant(LAYOUT, inv.layout_conformance, PER_MANAGER, (SHARDED, REPLICATED, DCP),
               lambda expected, actual: (expected, actual), checkers=(RELEASE,)),

@@ -46,9 +46,9 @@ def threads_backend():
 def pcpcheck_check(threads_backend):
     """`pcpcheck check ARGV` as the command line runs it, on the session's threads backend;
     returns the exit code (a usage or load error raises: main() turns those into exit 2)."""
-    from pcpcheck import cli, options
+    from pcpcheck.faces import commands, options
 
-    return lambda argv: cli.run_check(options.parse(["check", *map(str, argv)]), threads_backend)
+    return lambda argv: commands.run_check(options.parse(["check", *map(str, argv)]), threads_backend)
 
 
 STALL_SECONDS = 60.0  # wall seconds in which gloo workers that use no CPU at all are hung

@@ -3,7 +3,7 @@ and every rank's cache written by the impl's cache-write op satisfies every inva
 
 Cases are drawn over P = 2..8, all five regimes, mixed/decode-only/prefill-only batches, zero-token
 requests, single-token prefills, graph padding, DP-padded drafts and several tensors of different
-trailing shapes and dtypes (pcpcheck.cases.cases, labelled draws).
+trailing shapes and dtypes (pcpcheck.search.draw.cases, labelled draws).
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from hypothesis import strategies as st
 import pcpcheck_impl as impl
 import pcpcheck_reference as reference
 import pcpcheck_spec.invariants as inv
-from pcpcheck_spec import model
-from pcpcheck.cases import cases
+from pcpcheck.judge.observe import blank_cache, cache_labels, decode_rows
+from pcpcheck.judge.prepare import prepare
+from pcpcheck.search.draw import cases
 from pcpcheck.shared.case import as_bytes
-from pcpcheck.judge import blank_cache, cache_labels, decode_rows, prepare
 from pcpcheck.worker.rankctx import current_group
+from pcpcheck_spec import model
 from pcpcheck_spec.names import LENGTH, PAD_HYGIENE, PAIRING, REGIMES, REPLICA, SHARD, UNIQUE
 
 

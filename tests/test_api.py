@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
-import pcpcheck_impl as impl
 import pcpcheck
-from pcpcheck import cli, outputs
-from pcpcheck.baseline import parse_baseline
+import pcpcheck_impl as impl
 from pcpcheck.api import diff
-from pcpcheck.progress import LinePrinter
+from pcpcheck.faces import cli
+from pcpcheck.judge.baseline import parse_baseline
+from pcpcheck.render import outputs
+from pcpcheck.render.progress import LinePrinter
 from pcpcheck_spec.names import DRAFT_MIXED, REPLICA, REPLICATED, SHARD, SHARDED
 from pcpcheck_spec.registry import GATHER_IDS as IDS  # `pcpcheck check`'s IDs (LAYOUT: pcpcheck vllm)
 

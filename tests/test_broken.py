@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pcpcheck.cli import main
+from pcpcheck.faces.cli import main
 from pcpcheck_spec.names import COLLECTIVE, DRAFT, REPLICATED, RETURNS, SHARDED
 
 TARGETS = Path(__file__).resolve().parent / "broken" / "targets.py"

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from fresh_env import ROOT, copy_tracked, make_venv, venv_env, vllm_checkout
 
 ACTION = yaml.safe_load((ROOT / "action.yml").read_text())

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 
-from pcpcheck.cases import cases
+from pcpcheck.faces.cli import main
+from pcpcheck.search.draw import cases
 from pcpcheck.shared.case import Case
-from pcpcheck.cli import main
 
 
 def _one_line_error(capsys) -> str:

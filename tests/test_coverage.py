@@ -1,5 +1,5 @@
 """Coverage in every report: per regime, the cases whose ranks took each gather branch (A-E) and
-the cases that exercised each layout feature, worked out from the case (pcpcheck.coverage),
+the cases that exercised each layout feature, worked out from the case (pcpcheck.judge.coverage),
 carried through the result, its JSON and its text, for a check (one driver or several), a replay
 and a release; a feature no case reached is shown as 0."""
 
@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 import re
+
 import pytest
 
-from pcpcheck import api, coverage, report
+from pcpcheck import api
+from pcpcheck.judge import coverage
+from pcpcheck.render import report
 from pcpcheck.shared.case import Case
 from pcpcheck_spec.names import DCP, DRAFT, DRAFT_MIXED, REPLICATED, SHARDED, Batch, Request
 

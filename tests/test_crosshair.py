@@ -20,7 +20,7 @@ import pytest
 from crosshair.core_and_libs import AnalysisKind, MessageType, analyze_function, run_checkables
 from crosshair.options import AnalysisOptionSet
 
-from pcpcheck.cases import kernel_decode_tokens
+from pcpcheck.search.draw import kernel_decode_tokens
 from pcpcheck_spec import invariants as inv
 from pcpcheck_spec import model
 from pcpcheck_spec.names import (

@@ -1,5 +1,5 @@
 """`pcpcheck check --exhaustive`: every well-formed step within a scope, each once, smallest
-first. The enumeration (pcpcheck.scope) is held against a brute-force generator written here
+first. The enumeration (pcpcheck.search.scope) is held against a brute-force generator written here
 (every raw step, any block ids, canonicalised by the stated symmetries); the default scope finds
 every zoo bug with its exact ID, no larger than the random search's shrunk case, and the
 bundled implementation holds within it."""
@@ -13,13 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from pcpcheck import api, coverage, report, scope
-from pcpcheck.cases import kernel_decode_tokens, validate_case
-from pcpcheck.reduce import size
+from pcpcheck import api
+from pcpcheck.judge import coverage
+from pcpcheck.render import report
+from pcpcheck.search import scope
+from pcpcheck.search.draw import kernel_decode_tokens, validate_case
+from pcpcheck.search.reduce import size
 from pcpcheck.shared.case import Case
 from pcpcheck.shared.errors import UsageError
 from pcpcheck_spec.names import DCP, DRAFT_MIXED, DRAFT_REGIMES, REGIMES, Batch, Request
-
 from tests.test_zoo import ZOO, ZOO_CASES, _size
 
 SMALL = [
@@ -212,7 +214,7 @@ def test_a_budget_cuts_an_exhaustive_run_and_the_report_says_so(threads_backend)
     (["--exhaustive", "--replay", "{}"], "--replay judges one case"),
 ])
 def test_bad_exhaustive_options_are_one_line_exit_2(argv, message, capsys):
-    from pcpcheck.cli import main
+    from pcpcheck.faces.cli import main
     assert main(["check", "impl", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
@@ -237,8 +239,9 @@ def test_vllm_0_33_0_gather_holds_within_the_default_scope(tmp_path, threads_bac
     """vLLM 0.33.0's own pcp.py, read from its wheel (fetched at test time, never committed):
     every step of the default scope holds; its class-10 hazard is a smallest draft-mixed step."""
     import zipfile
+
     from pcpcheck.shared.errors import SourceError
-    from pcpcheck.vllm.source import fetch_release
+    from pcpcheck.shared.source import fetch_release
     try:
         wheel = fetch_release("0.33.0")
     except SourceError as exc:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pcpcheck.cli import main
+from pcpcheck.faces.cli import main
 from pcpcheck_spec.names import DRAFT, PAD_HYGIENE, REPLICA, REPLICATED, SHARDED, UNIQUE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,8 +64,8 @@ def test_every_violated_invariant_cites_a_counterexample_that_shows_it(zero_pad_
 
 
 def test_html_index_gives_the_table_cells_the_terminal_gives(zero_pad_draft, tmp_path):
-    from pcpcheck import report
-    from pcpcheck.html import write_html
+    from pcpcheck.render import report
+    from pcpcheck.render.html import write_html
     result, _ = zero_pad_draft
     write_html(str(tmp_path), result)
     index = (tmp_path / "index.html").read_text()
@@ -153,7 +153,7 @@ def test_errors_are_words_not_class_names(argv, capsys):
 
 
 def test_a_release_without_a_pcp_path_is_refused_before_any_download(monkeypatch, capsys):
-    from pcpcheck.vllm import source
+    from pcpcheck.shared import source
 
     def no_download(*args, **kwargs):
         raise AssertionError("fetched a wheel")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from pcpcheck.cli import main
+from pcpcheck.faces.cli import main
 from pcpcheck_spec.names import COLLECTIVE, LENGTH, NO_MUTATION, PAD_HYGIENE, REPLICA, RETURNS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -458,7 +458,7 @@ INTERRUPTED_IN = {
 def test_ctrl_c_where_python_cannot_raise_it_still_exits_130(where, tmp_path):
     (tmp_path / "interrupted.py").write_text(
         "import os, signal, time, weakref\n"
-        "from pcpcheck import cli\n"
+        "from pcpcheck.faces import cli\n"
         "class Referent: pass\n"
         "def _interrupted_in_callback():\n"
         "    referent = Referent()\n"

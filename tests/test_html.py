@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from pcpcheck.api import check
-from pcpcheck.cli import main
-from pcpcheck.html import BANNER, write_html
+from pcpcheck.faces.cli import main
+from pcpcheck.render.html import BANNER, write_html
 from pcpcheck_spec.names import REPLICA, SHARDED
 
 ZOO = Path(__file__).parent / "zoo"

@@ -17,7 +17,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from fresh_env import GATHER_FILE, ROOT, copy_tracked, make_venv, venv_env, vllm_checkout
 
 TOP_LEVEL = {"pcpcheck", "pcpcheck_spec", "pcpcheck_reference", "pcpcheck_impl"}

@@ -12,8 +12,7 @@ import tomllib
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from pcpcheck_spec.names import (DCP, DRAFT, DRAFT_MIXED, HAZARD_REGIMES, PAD_HYGIENE, REPLICA, SHARD,
-                                 SHARDED, UNIQUE)
+from pcpcheck_spec.names import DCP, DRAFT, DRAFT_MIXED, HAZARD_REGIMES, PAD_HYGIENE, REPLICA, SHARD, SHARDED, UNIQUE
 from pcpcheck_spec.registry import GATHER_IDS as IDS  # `pcpcheck check`'s IDs (LAYOUT: pcpcheck vllm)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,7 +53,7 @@ def _host_pytest(tmp_path: Path, *args: str, seed: int | None = None) -> tuple[s
     # load it a second time); hypothesis's plugin for --hypothesis-seed.
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "pcpcheck.pytest_plugin",
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "pcpcheck.faces.pytest_plugin",
                           "-p", "_hypothesis_pytestplugin", "-p", "no:cacheprovider",
                           f"--junitxml={junit}", *args, *(
                               [f"--hypothesis-seed={seed}"] if seed is not None else [])],
@@ -138,7 +137,7 @@ def test_a_target_that_cannot_load_fails_its_items_with_one_line(tmp_path):
 
 def test_plugin_is_declared_as_a_pytest11_entry_point():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["entry-points"]["pytest11"] == {"pcpcheck": "pcpcheck.pytest_plugin"}
+    assert project["entry-points"]["pytest11"] == {"pcpcheck": "pcpcheck.faces.pytest_plugin"}
 
 
 def test_the_plugin_answers_each_item_as_the_command_line_answers_the_run(tmp_path, pcpcheck_check):

@@ -21,13 +21,13 @@ torch_dist = pytest.importorskip("torch.distributed")
 if not torch_dist.is_available() or not torch_dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
-from pcpcheck import cli  # noqa: E402
 from pcpcheck.backends import make_backend  # noqa: E402
+from pcpcheck.faces import cli  # noqa: E402
+from pcpcheck.judge.run import run_case, run_cases  # noqa: E402
+from pcpcheck.search.engine import search  # noqa: E402
 from pcpcheck.shared.case import Case  # noqa: E402
-from pcpcheck.judge import run_case, run_cases  # noqa: E402
-from pcpcheck.engine import search  # noqa: E402
-from pcpcheck.results import EXIT_USAGE  # noqa: E402
 from pcpcheck.shared.errors import LoadError  # noqa: E402
+from pcpcheck.shared.results import EXIT_USAGE  # noqa: E402
 from pcpcheck_spec.names import COLLECTIVE, REGIMES, REPLICA  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -180,7 +180,7 @@ def test_a_worker_that_has_not_begun_a_case_is_not_overtime():
     file of zeros read as "rank 0 running since time 0" and blamed rank 0 of a fresh pool for a
     hang it never had (a flaky COLLECTIVE on gloo)."""
     from pcpcheck.backends.pool import Workspace
-    from pcpcheck.shared.messages import STATUS
+    from pcpcheck.shared.protocol import STATUS
     workspace = Workspace("status-test")
     try:
         _, status_path = workspace.files("rank")
@@ -196,7 +196,7 @@ def test_status_read_while_a_worker_writes_it_never_shows_a_false_hang(tmp_path)
     saw all zeros mid-write ("rank 0 running since time 0"), a false hang that killed healthy
     pools; a reader in another process must only ever see states the worker wrote."""
     from pcpcheck.backends.pool import Workspace
-    from pcpcheck.shared.messages import FINISHED, RUNNING
+    from pcpcheck.shared.protocol import FINISHED, RUNNING
     from pcpcheck.worker.main import Status
     workspace = Workspace("status-test")
     try:
@@ -244,7 +244,7 @@ def _wait_telling(status) -> tuple[dict, list]:
 
 
 def _running_since(since: float) -> tuple:
-    from pcpcheck.shared.messages import MAX_RANKS
+    from pcpcheck.shared.protocol import MAX_RANKS
     return 0, since, [0.0] * MAX_RANKS, [0] * MAX_RANKS
 
 
@@ -262,7 +262,7 @@ def test_a_rank_that_begins_just_after_the_driver_waits_is_told_before_its_hang(
     """The worker starts the case a few ms after the driver began to wait: a tell a second
     later finds 0.99 s, and a clock of whole seconds from the wait's start would next tell
     after the 2 s hang was called (CI printed no wait line for a hang, twice)."""
-    from pcpcheck.shared.messages import MAX_RANKS
+    from pcpcheck.shared.protocol import MAX_RANKS
     began = []
 
     def status():
@@ -545,7 +545,7 @@ def test_cli_gloo_exit_code_and_report():
 def test_torchrun_prints_only_the_report_and_exits_with_the_verdict(tmp_path):
     """Under torchrun (through pcpcheck's launcher) a violation is rank 0's report and exit 1:
     no torch traceback or ChildFailedError block, nothing from the other ranks."""
-    command = [sys.executable, "-m", "pcpcheck.torchrun", "--standalone", "--nproc-per-node", "2",
+    command = [sys.executable, "-m", "pcpcheck.faces.torchrun", "--standalone", "--nproc-per-node", "2",
                "--", str(ROOT / "tests" / "zoo" / "bug01_local_block.py"), "--regime",
                "replicated", "--max-examples", "30", "--json", str(tmp_path / "out.json")]
     done = subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=tmp_path)
@@ -553,7 +553,7 @@ def test_torchrun_prints_only_the_report_and_exits_with_the_verdict(tmp_path):
     assert done.stderr == ""
     assert done.stdout.count("pcpcheck: torchrun, 2 ranks") == 1  # rank 0 alone prints
     assert "REPLICA violated on rank(s) [1] (regime replicated)" in done.stdout
-    usage = subprocess.run([sys.executable, "-m", "pcpcheck.torchrun", "--standalone"],
+    usage = subprocess.run([sys.executable, "-m", "pcpcheck.faces.torchrun", "--standalone"],
                            capture_output=True, text=True, timeout=60)
     assert (usage.returncode, usage.stderr.count("\n")) == (2, 1)
 
@@ -563,7 +563,7 @@ def test_torchrun_runs_every_case_at_the_world_size_it_launched(ranks, tmp_path)
     """The search draws and shrinks P only to torchrun's world: a real bug is exit 1 with its
     ID at that size (a shrink to P = 2 once made it a usage error, exit 2)."""
     out = tmp_path / "out.json"
-    command = [sys.executable, "-m", "pcpcheck.torchrun", "--standalone", "--nproc-per-node",
+    command = [sys.executable, "-m", "pcpcheck.faces.torchrun", "--standalone", "--nproc-per-node",
                str(ranks), "--", str(ROOT / "tests" / "zoo" / "bug01_local_block.py"), "--regime",
                "replicated", "--max-examples", "30", "--json", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
@@ -582,7 +582,7 @@ def test_torchrun_two_nodes_only_the_driver_node_prints(tmp_path):
         port = sock.getsockname()[1]
 
     def node(rank: int) -> list[str]:
-        return [sys.executable, "-m", "pcpcheck.torchrun", "--nnodes", "2", "--nproc-per-node",
+        return [sys.executable, "-m", "pcpcheck.faces.torchrun", "--nnodes", "2", "--nproc-per-node",
                 "1", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port",
                 str(port), "--", str(ROOT / "tests" / "zoo" / "bug01_local_block.py"),
                 "--regime", "replicated", "--max-examples", "30"]

@@ -12,8 +12,8 @@ import torch
 
 import pcpcheck_spec.invariants as inv
 from pcpcheck.shared import wire
+from pcpcheck.shared.protocol import FINISHED, RUNNING, WAITING
 from pcpcheck.worker.rankctx import current_group
-from pcpcheck.shared.messages import FINISHED, RUNNING, WAITING
 from pcpcheck.worker.runner import ThreadRunner
 
 

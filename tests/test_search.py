@@ -1,4 +1,4 @@
-"""The engine's generate-then-shrink search (pcpcheck.engine): cases drawn fast from a seeded
+"""The engine's generate-then-shrink search (pcpcheck.search.engine): cases drawn fast from a seeded
 random source replay through the hypothesis strategy as the same cases, so hypothesis shrinks
 what the fast generation found."""
 
@@ -14,10 +14,11 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.database import choices_to_bytes
 
 from pcpcheck.backends import make_backend
-from pcpcheck.cases import TENSOR_SPECS, cases, describe, draw_case
-from pcpcheck.shared.case import as_tensor, row_content
-from pcpcheck.judge import decode_rows, run_cases
-from pcpcheck.engine import _Stored, search
+from pcpcheck.judge.observe import decode_rows
+from pcpcheck.judge.run import run_cases
+from pcpcheck.search.draw import TENSOR_SPECS, cases, draw_case
+from pcpcheck.search.engine import _Stored, search
+from pcpcheck.shared.case import as_tensor, describe, row_content
 from pcpcheck_spec.names import NO_ROW, REGIMES, REPLICA, SHARDED
 
 ZOO = Path(__file__).parent / "zoo"
@@ -95,7 +96,7 @@ class _Judged:
     """An observation as the engine reads one: a case, its violations, the IDs that ran."""
 
     def __init__(self, case, violated):
-        from pcpcheck.judge import Violation
+        from pcpcheck.judge.verdict import Violation
         self.prepared = type("Prepared", (), {"case": case})()
         self.violations = [Violation(i, [0]) for i in violated]
         self.checked = ("UNIQUE", REPLICA)
@@ -130,8 +131,9 @@ def test_what_a_rank_reports_of_its_inputs_is_what_no_mutation_judges(reported, 
     """None for an input: as the driver sent it (its bytes stand in); None for the whole: the
     rank never reported; a report of another length is never read as unchanged."""
     import pcpcheck_spec.invariants as inv
-    from pcpcheck.judge import observe, prepare
-    from pcpcheck.shared.messages import RankResult
+    from pcpcheck.judge.observe import observe
+    from pcpcheck.judge.prepare import prepare
+    from pcpcheck.shared.protocol import RankResult
     case = draw_case(random.Random(3), (SHARDED,), 2)[0]
     prepared = prepare(case)
     count = len(case.tensors) + 1

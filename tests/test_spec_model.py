@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from pcpcheck_spec import invariants as inv
 from pcpcheck_spec import model
 from pcpcheck_spec.model import pad_label
-from pcpcheck_spec.registry import Step, applicable, evaluate
 from pcpcheck_spec.names import (
     BRANCH_ALL_DECODE,
     BRANCH_MIXED,
@@ -40,6 +39,7 @@ from pcpcheck_spec.names import (
     Batch,
     Request,
 )
+from pcpcheck_spec.registry import Step, applicable, evaluate
 
 T, F = True, False
 

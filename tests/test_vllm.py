@@ -9,20 +9,19 @@ The release's code runs only in the backend's worker process, never in the drive
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 from pcpcheck.api import CheckResult, check_release
+from pcpcheck.faces.cli import main
 from pcpcheck.shared.case import Case, TensorSpec
-from pcpcheck.cli import main
 from pcpcheck.shared.errors import InterfaceDrift, SourceError
-from pcpcheck.vllm.source import GATHERS, MANAGER, fetch_release
-from pcpcheck_spec.names import (DCP, DRAFT, DRAFT_MIXED, LAYOUT, REPLICATED, RETURNS, SHARDED, Batch,
-                        Request)
+from pcpcheck.shared.source import GATHERS, MANAGER, fetch_release
+from pcpcheck_spec.names import DCP, DRAFT, DRAFT_MIXED, LAYOUT, REPLICATED, RETURNS, SHARDED, Batch, Request
 from pcpcheck_spec.registry import GATHER_IDS, RELEASE, pairs
 
 VLLMLIKE = Path(__file__).parent / "vllmlike"
@@ -206,7 +205,8 @@ def test_a_wheel_is_never_seen_half_written(tmp_path, monkeypatch):
     """Two runs (xdist workers, CI jobs) fetch into one cache: pip writes elsewhere and the
     wheel appears whole, so the other run never opens a truncated zip."""
     import subprocess
-    from pcpcheck.vllm import source
+
+    from pcpcheck.shared import source
 
     def pip_download(command, **_):
         into = Path(command[command.index("-d") + 1])

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 import pcpcheck_reference as reference
-from pcpcheck.vllm.judge import reference_view
-from pcpcheck.vllm.verdict import release_order
+from pcpcheck.judge.release_case import reference_view
+from pcpcheck.search.release_search import release_order
 from pcpcheck_spec.names import DCP, REPLICATED, SHARDED, Batch, Request
 
 OLD, NEW = reference.ERA_V026, reference.ERA_CURRENT

@@ -21,17 +21,22 @@ from pathlib import Path
 import pytest
 
 from pcpcheck.api import check_release
-from pcpcheck.cli import main
+from pcpcheck.faces.cli import main
+from pcpcheck.search.release_search import era_case
 from pcpcheck.shared.case import Case, TensorSpec
-from pcpcheck.shared.messages import BATCH_ORDER, SLOT_MAPPING, SPLIT, Capabilities
 from pcpcheck.shared.errors import InterfaceDrift, SourceError
-from pcpcheck.vllm.excerpts import (BACKEND_UTILS, MODEL_RUNNER, PARALLEL_CONFIG, VLLM_CONFIG,
-                                    check_sort, step_order)
-from pcpcheck.vllm.verdict import era_case
-from pcpcheck.vllm.kernels import BLOCK_TABLE, BUFFER_UTILS, NO_TRITON
-from pcpcheck.vllm.source import GATHERS, MANAGER, fetch_release
-from pcpcheck_spec.names import (COLLECTIVE, DCP, LAYOUT, REPLICA, REPLICATED, SHARD, Batch,
-                                 Request)
+from pcpcheck.shared.protocol import BATCH_ORDER, SLOT_MAPPING, SPLIT, Capabilities
+from pcpcheck.shared.source import GATHERS, MANAGER, fetch_release
+from pcpcheck.worker.release_excerpts import (
+    BACKEND_UTILS,
+    MODEL_RUNNER,
+    PARALLEL_CONFIG,
+    VLLM_CONFIG,
+    check_sort,
+    step_order,
+)
+from pcpcheck.worker.release_kernels import BLOCK_TABLE, BUFFER_UTILS, NO_TRITON
+from pcpcheck_spec.names import COLLECTIVE, DCP, LAYOUT, REPLICA, REPLICATED, SHARD, Batch, Request
 
 pytestmark = pytest.mark.xdist_group("vllm_0_33_0_wheel")
 
@@ -181,7 +186,7 @@ def test_without_triton_the_kernel_stage_is_modeled_and_says_so(wheel, tmp_path)
     hide.mkdir(parents=True)
     (hide / "__init__.py").write_text(HIDDEN_TRITON)
     changed = checkout(wheel, tmp_path / "changed", OWNERSHIP)
-    done = subprocess.run([sys.executable, "-m", "pcpcheck.cli", "vllm", str(changed), "--regime",
+    done = subprocess.run([sys.executable, "-m", "pcpcheck.faces.cli", "vllm", str(changed), "--regime",
                            "dcp", "--max-examples", "20", "--max-ranks", "2", "--json",
                            str(tmp_path / "out.json")], capture_output=True, text=True,
                           timeout=1800, env={**os.environ, "PYTHONPATH": str(hide.parent)})
@@ -259,8 +264,10 @@ def test_interleave_sizes_are_read_from_the_release_config(wheel, tmp_path):
     assert narrow.release.capabilities["interleave_divisors"] is False
     step = Case(Batch(DCP, 2, (Request(3, True, 0, (0, 1)),), 2, 2), (TensorSpec((4,), "float32"),))
     for divisors, drawn in ((True, 2), (False, 1)):
-        caps = Capabilities("0.30", True, True, None, True, True, interleave_divisors=divisors)
+        caps = Capabilities(era="0.30", manager_shards=True, gather_shard=True, wrapper_shard_keyword=None,
+                            graph_padding=True, replicated_method=True, interleave_divisors=divisors)
         assert era_case(step, caps).batch.interleave == drawn
     block_1 = Case(Batch(DCP, 2, (Request(3, True, 0, (0, 1, 2)),), 1, 2), step.tensors)
-    caps = Capabilities("0.30", True, True, None, True, True)
+    caps = Capabilities(era="0.30", manager_shards=True, gather_shard=True, wrapper_shard_keyword=None,
+                        graph_padding=True, replicated_method=True)
     assert era_case(block_1, caps).batch.interleave == 1

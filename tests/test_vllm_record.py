@@ -1,4 +1,4 @@
-"""The recorder plugin (pcpcheck.vllm.record) on vLLM 0.33.0's own code, as pcpcheck loads it
+"""The recorder plugin (pcpcheck.vllm_plugin) on vLLM 0.33.0's own code, as pcpcheck loads it
 from the wheel: found through pyproject.toml's `vllm.general_plugins` entry point by 0.33.0's own
 plugin loader (`vllm/plugins/__init__.py`, read from the wheel, `vllm.envs` stood in), it patches
 the release's manager and MLA wrapper; steps driven through them on every rank (threads, a
@@ -22,18 +22,18 @@ import numpy as np
 import pytest
 import torch
 
+from pcpcheck import vllm_plugin as record
 from pcpcheck.api import check_steps
+from pcpcheck.search.release_search import release_order
+from pcpcheck.search.step_replay import MLA_TENSORS
 from pcpcheck.shared.case import Case
 from pcpcheck.shared.errors import SourceError
-from pcpcheck.vllm import record
-from pcpcheck.vllm.recording import OUTPUTS, read_lines
-from pcpcheck.vllm.release import release_from_spec
-from pcpcheck.vllm.source import fetch_release, resolve
-from pcpcheck.vllm import step as step_module
-from pcpcheck.vllm.step import rank_step
-from pcpcheck.vllm.steps import MLA_TENSORS
-from pcpcheck.vllm.verdict import release_order
+from pcpcheck.shared.recording import OUTPUTS, read_lines
+from pcpcheck.shared.source import fetch_release, resolve
+from pcpcheck.worker import release_step as step_module
 from pcpcheck.worker.rankctx import bound_group
+from pcpcheck.worker.release_code import release_from_spec
+from pcpcheck.worker.release_step import rank_step
 from pcpcheck_spec.names import COLLECTIVE, DCP, DRAFT, REPLICATED, SHARDED, Batch, Request
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from pcpcheck.api import check_steps
-from pcpcheck.cli import main
+from pcpcheck.faces.cli import main
+from pcpcheck.search.step_replay import DISAGREE, MISMATCH, OUTSIDE, read_recording
 from pcpcheck.shared.case import Case
 from pcpcheck.shared.errors import SourceError
-from pcpcheck.vllm.recording import OUTPUTS, SCHEMA
-from pcpcheck.vllm.source import fetch_release
-from pcpcheck.vllm.steps import DISAGREE, MISMATCH, OUTSIDE, read_recording
+from pcpcheck.shared.recording import OUTPUTS, SCHEMA
+from pcpcheck.shared.source import fetch_release
 from pcpcheck_spec.names import COLLECTIVE
 
 RELEASE_TREE = Path(__file__).parent / "vllmlike" / "release"

@@ -2,7 +2,7 @@
 function-level bug class of pcp-semantics section 7 (tests/zoo/), each reported under the exact
 invariant ID it violates, shrunk to the minimal case stated here, with a reproducer that fails.
 
-Minimal cases are what hypothesis shrinking reaches with the case strategy of pcpcheck.cases;
+Minimal cases are what hypothesis shrinking reaches with the case strategy of pcpcheck.search.draw;
 each test states the size of the smallest case that can show its bug.
 """
 
@@ -18,16 +18,30 @@ import pytest
 from hypothesis import given, settings
 
 import pcpcheck_reference as reference
-from pcpcheck.cases import TENSOR_SPECS, cases, kernel_decode_tokens
-from pcpcheck.reduce import smaller
-from pcpcheck.shared.case import Case, TensorSpec
 from pcpcheck.backends import make_backend
-from pcpcheck.judge import run_case
-from pcpcheck.cli import main
-from pcpcheck.minimize import reduced as reduce_greedily
-from pcpcheck_spec.names import (COLLECTIVE, DCP, DEFAULT_REGIMES, DRAFT, DRAFT_MIXED, HAZARD_REGIMES,
-                        PAD_HYGIENE, REGIMES, REPLICA, REPLICATED, RETURNS, SHARDED, UNIQUE, Batch,
-                        Request)
+from pcpcheck.faces.cli import main
+from pcpcheck.judge.run import run_case
+from pcpcheck.search.draw import TENSOR_SPECS, cases, kernel_decode_tokens
+from pcpcheck.search.minimize import reduced as reduce_greedily
+from pcpcheck.search.reduce import smaller
+from pcpcheck.shared.case import Case, TensorSpec
+from pcpcheck_spec.names import (
+    COLLECTIVE,
+    DCP,
+    DEFAULT_REGIMES,
+    DRAFT,
+    DRAFT_MIXED,
+    HAZARD_REGIMES,
+    PAD_HYGIENE,
+    REGIMES,
+    REPLICA,
+    REPLICATED,
+    RETURNS,
+    SHARDED,
+    UNIQUE,
+    Batch,
+    Request,
+)
 from pcpcheck_spec.registry import GATHER, pairs
 
 ZOO = Path(__file__).parent / "zoo"

@@ -12,20 +12,21 @@ Files: base.py (the Backend interface), threads.py (one worker, P ranks as green
 distributed.py (gloo/nccl: P workers in a torch.distributed group), torchrun.py (under
 torchrun), pool.py (starting, timing and stopping worker processes), forkserver.py (the process
 that imports torch once and forks every worker). What crosses to a worker and back:
-pcpcheck.shared.messages; the bytes: pcpcheck.shared.wire.
+pcpcheck.shared.protocol; the bytes: pcpcheck.shared.wire.
 """
 
 from __future__ import annotations
 
 from pcpcheck.backends.base import Backend
-from pcpcheck.shared.messages import RankResult, TargetInfo
+from pcpcheck.shared.defaults import DEFAULT_BACKEND, DEFAULT_DEVICE, DEFAULT_TIMEOUT
+from pcpcheck.shared.protocol import RankResult, TargetInfo
 
 BACKENDS = ("threads", "gloo", "nccl")
 PROCESS_BACKENDS = ("gloo", "nccl")
 
 
-def make_backend(name: str = "threads", *, timeout: float = 10.0, world_sizes=None,
-                 device: str = "cpu") -> Backend:
+def make_backend(name: str = DEFAULT_BACKEND, *, timeout: float = DEFAULT_TIMEOUT, world_sizes=None,
+                 device: str = DEFAULT_DEVICE) -> Backend:
     """A started backend: `threads` (on `device`), or a `gloo`/`nccl` pool per world size."""
     if name == "threads":
         from pcpcheck.backends.threads import ThreadsBackend

@@ -1,11 +1,11 @@
 """The Backend interface, and what crosses it: plain data only.
 
-    backend = make_backend("threads", timeout=10.0)       # pcpcheck.backends
+    backend = make_backend("threads", timeout=10.0)      # pcpcheck.backends
     target = backend.load("path/to/pcp.py", None)         # TargetInfo; LoadError if it cannot load
     results = backend.run(prepared, target)               # list[RankResult], one per rank
     backend.close()                                       # every process gone, files removed
 
-`pcpcheck.judge.run_cases` is the one place that prepares a case, runs it on a backend, observes
+`pcpcheck.judge.run.run_cases` is the one place that prepares a case, runs it on a backend, observes
 and judges it. A backend never judges, and never imports the target: its workers do.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 
 from pcpcheck.shared.errors import LoadError
-from pcpcheck.shared.messages import MAX_AHEAD, MAX_BATCH, RELEASE, RankResult, TargetInfo
+from pcpcheck.shared.protocol import MAX_AHEAD, MAX_BATCH, RELEASE, RankResult, TargetInfo
 
 GRACE = 1.5  # seconds the driver waits past a death or a hang for the other ranks' reports
 STARTUP_TIMEOUT = 120.0  # seconds for a worker to start (import torch, join a group)
@@ -55,7 +55,7 @@ class Backend:
         return self.load_timeout
 
     def run(self, prepared, target: TargetInfo) -> list[RankResult]:
-        """Run one prepared case (pcpcheck.judge.Prepared) on every rank."""
+        """Run one prepared case (pcpcheck.judge.prepare.Prepared) on every rank."""
         raise NotImplementedError
 
     def run_many(self, prepareds, target: TargetInfo):

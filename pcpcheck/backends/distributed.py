@@ -19,9 +19,10 @@ import time
 
 from pcpcheck.backends import pool
 from pcpcheck.backends.base import GRACE, LOAD_TIMEOUT, STARTUP_TIMEOUT, BatchedBackend
-from pcpcheck.shared import messages, wire
+from pcpcheck.shared import protocol, wire
+from pcpcheck.shared.defaults import DEFAULT_TIMEOUT
 from pcpcheck.shared.errors import LoadError, WorkerError
-from pcpcheck.shared.messages import TargetInfo
+from pcpcheck.shared.protocol import TargetInfo
 
 
 class Pool:
@@ -69,7 +70,8 @@ class Pool:
 
 
 class DistributedBackend(BatchedBackend):
-    def __init__(self, backend: str = "gloo", timeout: float = 10.0, load_timeout: float | None = None):
+    def __init__(self, backend: str = "gloo", timeout: float = DEFAULT_TIMEOUT,
+                 load_timeout: float | None = None):
         super().__init__(timeout)
         self.name = backend
         self.load_timeout = load_timeout or max(LOAD_TIMEOUT, timeout)
@@ -96,10 +98,10 @@ class DistributedBackend(BatchedBackend):
 
     def _load_on(self, target_pool: Pool, source: str, function: str | None) -> TargetInfo:
         for worker in target_pool.workers:
-            worker.send(messages.load_message(source, function, 1))
+            worker.send(protocol.load_request(source, function, 1))
         try:
             replies = target_pool.expect_all(self.load_seconds(function), "loaded")
-            infos = [messages.target_info(source, function, reply) for reply in replies]
+            infos = [protocol.target_info(source, function, reply) for reply in replies]
         except LoadError:
             self._retire(target_pool)
             raise
@@ -127,7 +129,7 @@ class DistributedBackend(BatchedBackend):
     def _send(self, size: int, prepareds, target: TargetInfo) -> None:
         ranks_pool = self._pool(size)
         for rank, worker in enumerate(ranks_pool.workers):
-            worker.send(*messages.batch_message(prepareds, target, [rank]))
+            worker.send(*protocol.cases_request(prepareds, target, [rank]))
 
     def _receive(self, size: int, _, careful: bool):
         ranks_pool = self._pools[size]
@@ -136,7 +138,7 @@ class DistributedBackend(BatchedBackend):
         outcomes = pool.wait_results(ranks_pool.workers, self.timeout, GRACE, watch=not careful,
                                      on_slow=self.on_slow)
         outcomes = [outcomes[rank] for rank in range(size)]  # arrival order -> rank order
-        results = [messages.decode_rank(outcome[1]["ranks"][0], outcome[2])
+        results = [protocol.read_result(outcome[1], outcome[2])[0]
                    if outcome[0] == "result" else None for outcome in outcomes]
         if all(result is not None and not result.poisoned for result in results):
             self._received(size)
@@ -162,7 +164,7 @@ class DistributedBackend(BatchedBackend):
             else:
                 reason = (f"all_gather on rank {rank} never completed: rank "
                           f"{hung[0] if hung else '?'} did not return within {self.timeout:g} s")
-            results[rank] = messages.lost_rank(reason, output,
+            results[rank] = protocol.lost_rank(reason, output,
                                                "died" if outcome[0] == "died" else "hung")
         self._retire(ranks_pool)  # no process outlives the case that broke it
         return "lost", results

@@ -13,8 +13,8 @@ driver's). The `pcpcheck` command forks it from itself at its start (ForkServer.
 other driver starts it as a fresh interpreter, since a driver may run threads, and a child
 forked after its parent ran a parallel torch op hangs in its first one (GNU OpenMP).
 
-Requests and replies are JSON datagrams on a SOCK_SEQPACKET pair; a worker's two pipe ends
-travel with its request (SCM_RIGHTS).
+Requests and replies (pcpcheck.shared.protocol: spawn, wait) are JSON datagrams on a
+SOCK_SEQPACKET pair; a worker's two pipe ends travel with its request (SCM_RIGHTS).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 
-from pcpcheck.shared import lifetime
+from pcpcheck.shared import lifetime, protocol
 
 _MESSAGE_BYTES = 1 << 20  # a request carries the driver's environment
 
@@ -56,10 +56,10 @@ class _Server:
                 data, fds = b"", []
             if not data:  # the driver is gone
                 break
-            request = json.loads(data)
-            if request["op"] == "spawn":
+            kind, request = protocol.read_fork_request(json.loads(data))
+            if kind == protocol.SPAWN:
                 reply = {"pid": self._spawn(request, fds)}
-            else:  # "wait"
+            else:
                 reply = {"code": self._wait(request["pid"], request["seconds"])}
             try:
                 _send(self.sock, reply)
@@ -174,12 +174,12 @@ def _run(sock: socket.socket) -> None:
     try:
         _preload()
     except BaseException as exc:  # noqa: BLE001 - reported to the driver, which names it
-        _send(sock, {"op": "fail", "message": f"{type(exc).__name__}: {exc}"[:300]})
+        _send(sock, protocol.fail_reply(exc, 300))
         os._exit(3)
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 2)  # the driver reads our stderr only to say why we failed to start
     os.close(null)
-    _send(sock, {"op": "ready"})
+    _send(sock, protocol.ready_reply())
     _Server(sock).serve()
 
 
@@ -234,7 +234,7 @@ class ForkServer:
     def spawn(self, config: dict, fds: tuple[int, int], env: dict, timeout: float) -> int:
         """A worker running `config` with pipe ends `fds` (its "in", "out"); its pid. `env`:
         the worker's environment (and a fresh server's); `timeout`: for a server to start."""
-        request = {"op": "spawn", "config": config, "env": env, "cwd": os.getcwd()}
+        request = protocol.spawn_request(config, env, os.getcwd())
         with self._lock:
             reply = self._started(env, timeout) and self._request(request, fds)
             if not reply:  # the server died (killed from outside): once more, on a new one
@@ -248,7 +248,7 @@ class ForkServer:
         """The exit code of a worker (-N: killed by signal N) once it exits within `seconds`;
         ForkServerError if the server is gone (its workers went with it)."""
         with self._lock:
-            reply = self._request({"op": "wait", "pid": pid, "seconds": seconds}) if self._ready else None
+            reply = self._request(protocol.wait_request(pid, seconds)) if self._ready else None
         if reply is None:
             raise ForkServerError("pcpcheck's fork server is gone")
         return reply["code"]
@@ -284,12 +284,12 @@ class ForkServer:
             data = self._sock.recv(_MESSAGE_BYTES) if ready else None
             message = json.loads(data) if data else {}
             stderr = self._process.stderr if self._process else None
-            if message.get("op") != "ready":
+            if not protocol.is_ready(message):
                 told = stderr.read().decode("utf-8", "replace").strip().splitlines() if (
                     stderr and data is not None) else []  # it ended: its stderr is complete
                 code = self._stop()
                 why = (f"not ready within {timeout:g} s" if data is None
-                       else message.get("message") or (told[-1][:300] if told else f"exit code {code}"))
+                       else protocol.failure(message) or (told[-1][:300] if told else f"exit code {code}"))
                 raise ForkServerError(f"pcpcheck's fork server did not start ({why})")
             if stderr:
                 stderr.close()

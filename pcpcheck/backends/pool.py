@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 from pcpcheck.backends.forkserver import ForkServer, ForkServerError
-from pcpcheck.shared import lifetime, wire
-from pcpcheck.shared.messages import MAX_OUTPUT, MAX_RANKS, STATUS
+from pcpcheck.shared import lifetime, protocol, wire
+from pcpcheck.shared.defaults import MAX_RANKS
+from pcpcheck.shared.protocol import MAX_OUTPUT, STATUS
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # what makes `pcpcheck` importable
 _LIVE: dict[int, "WorkerProcess"] = {}  # pid -> worker, for the exit handler and orphan reaping
@@ -278,8 +279,9 @@ def wait_results(workers: list[WorkerProcess], timeout: float, grace: float, wat
                     if message is None:
                         continue
                     header, blobs = message
-                    if header.get("op") == "fail":
-                        outcome[index] = ("died", f"pcpcheck's worker failed: {header.get('message')}")
+                    failed = protocol.failure(header)
+                    if failed is not None:
+                        outcome[index] = ("died", f"pcpcheck's worker failed: {failed}")
                     else:
                         outcome[index] = ("result", header, blobs)
                 del pending[index]

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 from pcpcheck.backends import pool
 from pcpcheck.backends.base import GRACE, LOAD_TIMEOUT, STARTUP_TIMEOUT, BatchedBackend
-from pcpcheck.shared import messages, wire
+from pcpcheck.shared import protocol, wire
 from pcpcheck.shared.errors import LoadError
-from pcpcheck.shared.messages import MAX_RANKS, NOT_STARTED, WAITING, RankResult, TargetInfo
+from pcpcheck.shared.defaults import DEFAULT_DEVICE, DEFAULT_TIMEOUT, MAX_RANKS
+from pcpcheck.shared.protocol import NOT_STARTED, WAITING, RankResult, TargetInfo
 
 
 class ThreadsBackend(BatchedBackend):
     name = "threads"
 
-    def __init__(self, timeout: float = 10.0, device: str = "cpu", load_timeout: float | None = None):
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT, device: str = DEFAULT_DEVICE,
+                 load_timeout: float | None = None):
         super().__init__(timeout)
         self.device = device
         self.load_timeout = load_timeout or max(LOAD_TIMEOUT, timeout)
@@ -38,7 +40,7 @@ class ThreadsBackend(BatchedBackend):
             self._worker = worker
             self._expect(worker, STARTUP_TIMEOUT, "ready")
             for source, function in self._targets:  # a fresh worker after a broken one
-                worker.send(messages.load_message(source, function, MAX_RANKS))
+                worker.send(protocol.load_request(source, function, MAX_RANKS))
                 self._expect(worker, self.load_seconds(function), "loaded")
         return self._worker
 
@@ -59,12 +61,12 @@ class ThreadsBackend(BatchedBackend):
 
     def _load(self, source: str, function: str | None) -> TargetInfo:
         worker = self._start()
-        if not worker.send(messages.load_message(source, function, MAX_RANKS)):
+        if not worker.send(protocol.load_request(source, function, MAX_RANKS)):
             self._retire()
             raise LoadError(f"{source}: the worker process is gone")
         try:
             reply = self._expect(worker, self.load_seconds(function), "loaded")
-            return messages.target_info(source, function, reply)
+            return protocol.target_info(source, function, reply)
         except LoadError:
             self._retire()  # a target that failed to load may have left anything behind
             raise
@@ -80,7 +82,7 @@ class ThreadsBackend(BatchedBackend):
 
     def _send(self, key, prepareds, target: TargetInfo) -> None:
         worker = self._start()
-        header, blobs = messages.batch_message(prepareds, target)
+        header, blobs = protocol.cases_request(prepareds, target)
         worker.send(header, blobs)  # a dead worker shows as such when its result is awaited
 
     def _receive(self, key, size: int, careful: bool):
@@ -90,7 +92,7 @@ class ThreadsBackend(BatchedBackend):
         outcome = pool.wait_results([worker], self.timeout, GRACE, on_slow=self.on_slow)[0]
         if outcome[0] == "result":
             self._received(key)
-            return "result", [messages.decode_rank(result, outcome[2]) for result in outcome[1]["ranks"]]
+            return "result", protocol.read_result(outcome[1], outcome[2])
         return "lost", self._lost(worker, outcome, size)
 
     def _lost(self, worker, outcome, size: int) -> list[RankResult]:
@@ -106,7 +108,7 @@ class ThreadsBackend(BatchedBackend):
             culprit, what = running, f"died ({outcome[1]}) before returning"
             what += f"; stderr: {last}" if last else ""
         if culprit < 0:
-            return [messages.lost_rank(f"the worker process hosting every rank ended ({outcome[1]}) "
+            return [protocol.lost_rank(f"the worker process hosting every rank ended ({outcome[1]}) "
                                        "outside any rank's call", output, lost) for _ in range(size)]
         results = []
         for rank in range(size):
@@ -118,7 +120,7 @@ class ThreadsBackend(BatchedBackend):
                 reason = f"rank {rank} never ran: rank {culprit} {what} first"
             else:  # FINISHED: its report went down with the worker
                 reason = f"rank {rank}'s result was lost: rank {culprit} {what}"
-            results.append(messages.lost_rank(reason, output if rank == culprit else "", lost))
+            results.append(protocol.lost_rank(reason, output if rank == culprit else "", lost))
         return results
 
     def _retire(self) -> None:

@@ -5,7 +5,7 @@ A case is plain data, so that a counterexample replays without hypothesis (`pcpc
 TARGET --replay CASE_JSON`) and can be shipped to other processes. Row content is a function of
 (tensor index, row label): the first four bytes hold the label (XOR LABEL_KEY), the rest are a
 hash of it, so any output row can be traced back to its input row bit for bit. Whether a case
-is well formed (the spec's preconditions) is the driver's question: pcpcheck.cases.parse_case.
+is well formed (the spec's preconditions) is the driver's question: pcpcheck.search.draw.parse_case.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pcpcheck_spec.names import Batch, Request
+from pcpcheck_spec.names import DCP, DRAFT_REGIMES, Batch, Request
 
 DTYPES = {
     "float32": torch.float32,
@@ -56,7 +56,7 @@ class Case:
     def from_json(text: str) -> "Case":
         """The case a JSON text describes, field for field; ValueError (one line naming the
         field) for malformed JSON or a missing or unknown field. The values are not checked
-        here: pcpcheck.cases.parse_case also checks the spec's preconditions."""
+        here: pcpcheck.search.draw.parse_case also checks the spec's preconditions."""
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -141,3 +141,24 @@ def as_bytes(tensor: torch.Tensor) -> np.ndarray:
     row_bytes = math.prod(tensor.shape[1:]) * tensor.element_size()  # explicit: rows may be 0
     # numpy's reshape and math.prod: torch's reshape and np.prod cost more than the rest
     return tensor.detach().cpu().contiguous().view(torch.uint8).numpy().reshape(rows, row_bytes)
+
+
+def describe(case: Case) -> str:
+    """One line a reviewer reads: regime, ranks, requests."""
+    batch = case.batch
+    kind = "draft" if batch.regime in DRAFT_REGIMES else None
+    parts = [f"{kind or ('prefill' if r.prefilling else 'decode')}({r.num_tokens}"
+             + (f", ctx {r.context_len}" if r.context_len else "") + ")" for r in batch.requests]
+    extra = []
+    if batch.graph_size:
+        extra.append(f"graph size {batch.graph_size}")
+    if batch.regime in DRAFT_REGIMES:
+        extra.append(f"dp_pad {batch.dp_pad}")
+        if batch.pad_slot_map:
+            extra.append("map padded")
+        if batch.num_decode_tokens is not None:
+            extra.append(f"nd {batch.num_decode_tokens}")
+    if batch.regime == DCP and batch.interleave > 1:
+        extra.append(f"interleave {batch.interleave}")
+    return (f"{batch.regime}, P={batch.pcp_size}, B={batch.block_size}: [" + ", ".join(parts)
+            + "]" + ("; " + ", ".join(extra) if extra else ""))

@@ -1,8 +1,8 @@
 """Every error pcpcheck raises to its caller; str(error) is one line for the user.
 
-The command line exits 2 on each and says what it is in words (`pcpcheck.cli`), never with the
+The command line exits 2 on each and says what it is in words (`pcpcheck.faces.cli`), never with the
 class name. Both sides raise them: a worker reports a load failure by kind, and the driver raises
-the same class (pcpcheck.shared.messages.target_info).
+the same class (pcpcheck.shared.protocol.target_info).
 """
 
 

@@ -215,7 +215,7 @@ class SentTensor:
         self._buffer = bytearray(content)
         self.tensor = tensor_from_bytes(dtype_name, shape, self._buffer)
         with _no_overrides():  # as _geometry reads it, what was not just given read from torch
-            self._geometry = (_data_ptr(self.tensor), _dtype_by_name(dtype_name)[0], _tuple(shape),
+            self._geometry = (_data_ptr(self.tensor), dtype_by_name(dtype_name)[0], _tuple(shape),
                               _stride_of(self.tensor), 0, "cpu", False, False)
 
     def read_back(self) -> bytes | None:
@@ -280,7 +280,7 @@ def tensor_from_bytes(dtype_name: str, shape, content: bytes) -> torch.Tensor:
 
 def _described(dtype_name: str, shape, content) -> tuple[torch.dtype, int]:
     """(dtype, element count) of a tensor's parts; ValueError if they do not describe one."""
-    dtype, itemsize = _dtype_by_name(dtype_name)
+    dtype, itemsize = dtype_by_name(dtype_name)
     numel = _numel(shape)
     if numel * itemsize != len(content):
         raise ValueError(f"{len(content)} bytes for {dtype_name} {tuple(shape)}")
@@ -299,7 +299,7 @@ def _numel(shape) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _dtype_by_name(name: str) -> tuple[torch.dtype, int]:
+def dtype_by_name(name: str) -> tuple[torch.dtype, int]:
     """(dtype, item size) of a torch dtype's name ("torch.float32" or "float32")."""
     dtype = getattr(torch, str(name).removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
@@ -344,7 +344,7 @@ def decode_value(tree, blobs):
         blob = tree.get("blob")
         content = blobs[blob] if blob is not None else None
         if content is None:  # a meta tensor: shape and dtype only
-            dtype, itemsize = _dtype_by_name(tree["dtype"])
+            dtype, itemsize = dtype_by_name(tree["dtype"])
             content = bytes(itemsize * _numel(tree["shape"]))
         return Received(tree["dtype"], tree["shape"], content, str(tree.get("device"))[:40])
     if kind in ("tuple", "list"):

@@ -36,8 +36,7 @@ from typing import Any, Callable
 
 from pcpcheck.shared.errors import LoadError
 from pcpcheck.worker import rankctx
-from pcpcheck.worker.standins import (STANDIN_ROOT, Inert, StandInError, StandInSpace,
-                                      _is_standin_name)
+from pcpcheck.worker.standins import STANDIN_ROOT, Inert, StandInError, StandInSpace, is_standin_name
 
 DEFAULT_FUNCTIONS = ("_gather_prefill_cache_inputs", "gather_prefill_cache_inputs")
 
@@ -48,7 +47,7 @@ _counter = itertools.count(1)
 # Target
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Target:
     name: str
     function: Callable
@@ -159,7 +158,7 @@ def _pick_function(module: types.ModuleType, function: str | None, label: str) -
     raise LoadError(f"{label}: no function {wanted}; callables found: {listing}")
 
 
-def _make_target(module, function, label, source, space, name_prefix) -> Target:
+def make_target(module, function, label, source, space, name_prefix) -> Target:
     fn_name, fn = _pick_function(module, function, label)
     accepts_shard, accepts_group, shard_positional = _signature_flags(fn)
     return Target(
@@ -191,7 +190,7 @@ def _load_impl(function: str | None) -> Target:
         impl = importlib.import_module("pcpcheck_impl")
     except Exception as exc:  # noqa: BLE001
         raise LoadError(f"cannot import the bundled implementation (impl): {_one_line(exc)}") from None
-    return _make_target(impl, function, "impl", "impl", None, "impl")
+    return make_target(impl, function, "impl", "impl", None, "impl")
 
 
 def _load_file(path: Path, function: str | None) -> Target:
@@ -208,7 +207,7 @@ def _load_file(path: Path, function: str | None) -> Target:
     filename = str(path)
     space = StandInSpace()
     module = exec_source(source, filename, space, _package_from_path(path.resolve()))
-    return _make_target(module, function, filename, filename, space, path.name)
+    return make_target(module, function, filename, filename, space, path.name)
 
 
 def exec_source(source: str, filename: str, space: StandInSpace,
@@ -248,7 +247,7 @@ def _load_module(spec_text: str, function: str | None) -> Target:
         raise LoadError(f"{spec_text!r}: not an existing file and not a module[:function] name")
     if function is not None and not function.isidentifier():
         raise LoadError(f"{spec_text!r}: {function!r} is not a function name")
-    if _is_standin_name(module_name):
+    if is_standin_name(module_name):
         raise LoadError(f"{module_name}: vllm modules are stood in for here; point at the .py file instead")
     space = StandInSpace()
     with space.active():
@@ -283,7 +282,7 @@ def _load_module(spec_text: str, function: str | None) -> Target:
         except (Exception, SystemExit) as exc:
             raise _import_failure(exc, filename, module_name) from None
     source = f"{module_name}:{function}" if function else module_name
-    target = _make_target(module, function, module_name, source, space, module_name)
+    target = make_target(module, function, module_name, source, space, module_name)
     target.source = f"{module_name}:{target.function_name}"
     return target
 

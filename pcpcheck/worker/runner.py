@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from greenlet import greenlet
 
-from pcpcheck.shared.messages import FINISHED, RUNNING, WAITING
+from pcpcheck.shared.protocol import FINISHED, RUNNING, WAITING
 from pcpcheck.worker.rankctx import bound_group
 from pcpcheck_spec.names import INCOMPLETE
 
@@ -29,7 +29,7 @@ class CollectiveAborted(RuntimeError):
     """Raised inside a rank whose collective can never complete (a peer left or disagreed)."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RankOutcome:
     """What one rank's call produced: a value or an error, and the collectives it issued."""
 

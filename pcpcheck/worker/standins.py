@@ -58,7 +58,7 @@ class StandInError(TypeError):
     """A stand-in was used in a way no stand-in can satisfy (e.g. as a number)."""
 
 
-def _is_standin_name(name: str) -> bool:
+def is_standin_name(name: str) -> bool:
     return name == STANDIN_ROOT or name.startswith(STANDIN_ROOT + ".")
 
 
@@ -272,7 +272,7 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     # meta path finder / loader (active only while a load executes)
     def find_spec(self, fullname, path=None, target=None):
-        if not _is_standin_name(fullname):
+        if not is_standin_name(fullname):
             return None
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 
@@ -289,13 +289,13 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             absolute = name
             if level:
                 package = (globals or {}).get("__package__") or ""
-                if not _is_standin_name(package):
+                if not is_standin_name(package):
                     return real_import(name, globals, locals, fromlist, level)
                 try:
                     absolute = importlib.util.resolve_name("." * level + name, package)
                 except ImportError:
                     return real_import(name, globals, locals, fromlist, level)
-            if not _is_standin_name(absolute):
+            if not is_standin_name(absolute):
                 return real_import(name, globals, locals, fromlist, level)
             module = self.module(absolute)
             if fromlist or level:
@@ -313,7 +313,7 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def active(self):
         """Serve vllm* through the import system (load time only; see the module docstring)."""
         with _load_lock:
-            saved = {k: v for k, v in sys.modules.items() if _is_standin_name(k)}
+            saved = {k: v for k, v in sys.modules.items() if is_standin_name(k)}
             for key in saved:
                 del sys.modules[key]
             sys.meta_path.insert(0, self)
@@ -322,6 +322,6 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             finally:
                 with contextlib.suppress(ValueError):
                     sys.meta_path.remove(self)
-                for key in [k for k in sys.modules if _is_standin_name(k)]:
+                for key in [k for k in sys.modules if is_standin_name(k)]:
                     del sys.modules[key]
                 sys.modules.update(saved)

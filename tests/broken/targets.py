@@ -8,8 +8,9 @@ import signal
 import sys
 import time
 
-from pcpcheck_impl import gather_prefill_cache_inputs
 from vllm.distributed.parallel_state import get_pcp_group
+
+from pcpcheck_impl import gather_prefill_cache_inputs
 
 
 def _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests):

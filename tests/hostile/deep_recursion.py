@@ -7,8 +7,9 @@ A rank that dies gets COLLECTIVE naming rank 1, exit code 1: the checker itself 
 
 import sys
 
-from pcpcheck_impl import gather_prefill_cache_inputs
 from vllm.distributed.parallel_state import get_pcp_group
+
+from pcpcheck_impl import gather_prefill_cache_inputs
 
 
 def _descend(depth):

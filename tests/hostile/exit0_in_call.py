@@ -6,8 +6,9 @@ A rank that never returns gets COLLECTIVE naming rank 1 (and exit code 1), not a
 
 import os
 
-from pcpcheck_impl import gather_prefill_cache_inputs
 from vllm.distributed.parallel_state import get_pcp_group
+
+from pcpcheck_impl import gather_prefill_cache_inputs
 
 
 def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):

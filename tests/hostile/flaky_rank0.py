@@ -10,8 +10,9 @@ random, one in two (os.urandom).
 
 import os
 
-from pcpcheck_impl import gather_prefill_cache_inputs
 from vllm.distributed.parallel_state import get_pcp_group
+
+from pcpcheck_impl import gather_prefill_cache_inputs
 
 
 def _failing_call() -> bool:

@@ -9,7 +9,6 @@ target cannot replace.
 
 import numpy
 import torch
-
 from vllm.distributed.parallel_state import get_pcp_group
 
 

@@ -8,8 +8,9 @@ writes its pid into the folder PCPCHECK_HOSTILE_DIR names (`child-PID`), so the 
 import os
 import time
 
-from pcpcheck_impl import gather_prefill_cache_inputs
 from vllm.distributed.parallel_state import get_pcp_group
+
+from pcpcheck_impl import gather_prefill_cache_inputs
 
 _forked = []
 

@@ -9,8 +9,9 @@ import os
 import signal
 import time
 
-from pcpcheck_impl import gather_prefill_cache_inputs
 from vllm.distributed.parallel_state import get_pcp_group
+
+from pcpcheck_impl import gather_prefill_cache_inputs
 
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 

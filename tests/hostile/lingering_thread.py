@@ -6,8 +6,9 @@ Correct: every invariant holds (exit 0), and pcpcheck exits right after its repo
 
 import threading
 
-from pcpcheck_impl import gather_prefill_cache_inputs
 from vllm.distributed.parallel_state import get_pcp_group
+
+from pcpcheck_impl import gather_prefill_cache_inputs
 
 threading.Thread(target=threading.Event().wait, name="hostile-forever", daemon=False).start()
 

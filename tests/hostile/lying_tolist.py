@@ -6,8 +6,9 @@ expects a cache entry. pcpcheck must read the storage, never ask the returned ob
 """
 
 import torch
-from pcpcheck_impl import gather_prefill_cache_inputs
 from vllm.distributed.parallel_state import get_pcp_group
+
+from pcpcheck_impl import gather_prefill_cache_inputs
 
 
 class _LyingSlots(torch.Tensor):

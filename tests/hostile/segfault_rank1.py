@@ -4,8 +4,9 @@ before its collective; its peers wait for it. COLLECTIVE naming rank 1, nothing 
 import os
 import signal
 
-from pcpcheck_impl import gather_prefill_cache_inputs
 from vllm.distributed.parallel_state import get_pcp_group
+
+from pcpcheck_impl import gather_prefill_cache_inputs
 
 
 def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):

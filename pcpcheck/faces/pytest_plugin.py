@@ -1,0 +1,158 @@
+"""pcpcheck's pytest plugin (entry point `pytest11`), for a host suite that checks its gather.
+
+    pytest --pcp-target path/to/pcp.py [--pcp-target mypkg.pcp:gather] [--pcp-regime sharded]
+
+Each target becomes one test item per regime x invariant (`REPLICA[draft-mixed]`): it passes,
+fails with the counterexample as its message, is skipped where the invariant does not apply, or
+xfails when `--pcp-baseline` lists it. The check of a target runs once, on its first item.
+
+The `pcpcheck` fixture runs `pcpcheck.check` for a custom test:
+
+    def test_my_gather(pcpcheck):
+        result = pcpcheck("mypkg.pcp:gather", regimes=("sharded",))
+        assert result.holds, [c.report for c in result.new_violations]
+
+Both take the host suite's hypothesis profile (max_examples, derandomize) and its
+`--hypothesis-seed`. Without --pcp-target the plugin adds only its options and the fixture:
+pcpcheck is not even imported. Nothing outlives a check: its rank threads or processes end with it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+
+def pytest_addoption(parser) -> None:
+    group = parser.getgroup("pcpcheck", "pcpcheck: check a vLLM PCP KV-cache gather")
+    group.addoption("--pcp-target", action="append", default=[], metavar="TARGET",
+                    help="a pcp.py file, module:function or impl to check (repeatable)")
+    group.addoption("--pcp-regime", action="append", default=[], metavar="REGIME",
+                    help="regime to check, repeatable (default: all)")
+    group.addoption("--pcp-max-examples", type=int, metavar="N",
+                    help="cases per regime (default: the hypothesis profile's max_examples)")
+    group.addoption("--pcp-budget", type=float, metavar="SECONDS",
+                    help="wall-clock limit per target across regimes")
+    group.addoption("--pcp-baseline", metavar="FILE",
+                    help="known violations, one 'REGIME INVARIANT' per line: they xfail")
+    group.addoption("--pcp-function", metavar="NAME", help="the gather's name in each target")
+
+
+def _host_options(config) -> dict:
+    """max_examples and seed as the host suite's hypothesis settings say."""
+    from hypothesis import settings
+    profile = settings.default
+    seed = config.getoption("hypothesis_seed", default=None)
+    if seed is not None:
+        seed = int(seed)
+    elif not profile.derandomize:  # a random run, reported with its seed so it can be repeated
+        seed = random.getrandbits(32)
+    max_examples = config.getoption("pcp_max_examples") or profile.max_examples
+    return {"max_examples": max_examples, "seed": seed}
+
+
+@pytest.fixture
+def pcpcheck(request):
+    """`pcpcheck(target, **options) -> CheckResult`, with the host's hypothesis settings."""
+    from pcpcheck.api import check
+
+    def run(target, **options):
+        return check(target, **{**_host_options(request.config), **options})
+
+    return run
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k / -m deselect, so they apply to these items too
+def pytest_collection_modifyitems(session, config, items) -> None:
+    targets = config.getoption("pcp_target")
+    if not targets:
+        return
+    names: set[str] = set()
+    for target in dict.fromkeys(targets):
+        # no "/" or "[" in a node id (pytest reads a path, JUnit a parameter into them): the
+        # file name, made unique
+        label = os.path.basename(target.rstrip("/\\")) or target
+        name, index = f"pcpcheck:{label}", 1
+        while name in names:
+            index += 1
+            name = f"pcpcheck:{label}-{index}"
+        names.add(name)
+        # collected as pytest collects a file: its report counts the items (the terminal's
+        # "collected N items", JUnit, xdist) and a failure to collect is reported, not raised
+        collector = TargetCollector.from_parent(session, name=name, nodeid=name, target=target)
+        report = collector.ihook.pytest_make_collect_report(collector=collector)
+        collector.ihook.pytest_collectreport(report=report)
+        items.extend(node for node in report.result if isinstance(node, pytest.Item))
+
+
+class CheckFailed(Exception):
+    """A regime x invariant item's failure: the message is the counterexample report."""
+
+
+class TargetCollector(pytest.Collector):
+    """One target: its items, and the check they share (run once, on first use)."""
+
+    def __init__(self, *, target: str, **kwargs):
+        super().__init__(**kwargs)
+        self.target = target
+        self._result = None
+        self._error: str | None = None
+
+    def collect(self):
+        from pcpcheck_spec.names import DEFAULT_REGIMES
+        from pcpcheck_spec.registry import GATHER_IDS as IDS
+        regimes = tuple(dict.fromkeys(self.config.getoption("pcp_regime"))) or DEFAULT_REGIMES
+        for regime in regimes:
+            for invariant in IDS:
+                yield CheckItem.from_parent(self, name=f"{invariant}[{regime}]",
+                                            regime=regime, invariant=invariant)
+
+    def result(self):
+        if self._result is None and self._error is None:
+            from pcpcheck.api import check
+            from pcpcheck.shared.errors import ERRORS, error_line
+            config = self.config
+            regimes = tuple(dict.fromkeys(config.getoption("pcp_regime"))) or None
+            try:
+                self._result = check(self.target, **_host_options(config),
+                                     **({"regimes": regimes} if regimes else {}),
+                                     budget_s=config.getoption("pcp_budget"),
+                                     baseline=config.getoption("pcp_baseline"),
+                                     function=config.getoption("pcp_function"))
+            except ERRORS as exc:
+                self._error = f"pcpcheck cannot check {self.target}: {error_line(exc)}"
+        if self._error is not None:
+            raise CheckFailed(self._error)
+        return self._result
+
+
+class CheckItem(pytest.Item):
+    def __init__(self, *, regime: str, invariant: str, **kwargs):
+        super().__init__(**kwargs)
+        self.regime, self.invariant = regime, invariant
+
+    def runtest(self) -> None:
+        result = self.parent.result()
+        state, counterexample = result.outcome(self.regime, self.invariant)
+        if state in ("n/a", "known"):
+            from pcpcheck.render.junit import skip_reason
+            why = skip_reason(result, result.summary(self.regime), self.invariant, state)
+            (pytest.skip if state == "n/a" else pytest.xfail)(why)
+        if state == "failed":
+            seed = "" if result.options.seed is None else \
+                f" (seed {result.options.seed}: --hypothesis-seed={result.options.seed})"
+            if counterexample is None:
+                raise CheckFailed(f"{self.invariant} violated in regime {self.regime}{seed}")
+            cited = "" if counterexample.invariant == self.invariant else \
+                f"{self.invariant} violated only together with {counterexample.invariant}:\n"
+            raise CheckFailed(f"{cited}{counterexample.report}{seed}")
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, CheckFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.path, None, f"pcpcheck {self.parent.target} {self.invariant} [{self.regime}]"

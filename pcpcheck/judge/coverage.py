@@ -1,0 +1,81 @@
+"""What a case exercised: the gather branch each rank takes (A-E, pcp-semantics section 5) and
+the layout features of the step (section 2). Worked out in the driver from the case and the
+reference's layout of it (judge.plan), never from what the target returned (a release's own
+manager reports its layout: that is judged, not trusted for coverage), and counted
+per regime beside the invariants (engine.RegimeResult), so that every report says what a pass
+never exercised: a feature no case reached is shown as 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import pcpcheck_reference as reference
+from pcpcheck.judge.prepare import plan
+from pcpcheck.shared.case import Case
+from pcpcheck_spec import model
+from pcpcheck_spec.names import (
+    BRANCH_ALL_DECODE,
+    BRANCH_MIXED,
+    BRANCH_NO_DECODE,
+    BRANCH_SHARDED,
+    BRANCH_UNEXPANDED,
+    DCP,
+    DRAFT_REGIMES,
+)
+
+BRANCHES = (BRANCH_UNEXPANDED, BRANCH_SHARDED, BRANCH_ALL_DECODE, BRANCH_NO_DECODE, BRANCH_MIXED)
+
+GRAPH_PADDING = "graph padding"  # rows past the widest rank (CUDA-graph batch size)
+DP_PADDING = "DP padding"  # draft rows past the real count (data-parallel padding)
+MAP_PAST_ND = "unexpanded map longer than nd"  # branch A with slots past num_decode_tokens
+INTERLEAVE_2 = "interleave 2"  # dcp with cp_kv_cache_interleave_size 2
+EMPTY_RANK = "rank with zero real rows"
+ROUND_ROBIN = "decodes dealt round-robin"  # shard flag, two or more decodes with rows
+SHORT_PREFILL_REPLICATED = "short prefill replicated (dcp)"  # (2P-1)*ceil(q/2P) >= q, D > 1
+KV_GROUPS = "several KV groups"  # a release step whose gather calls were judged per KV group
+# (the engine counts it from the observation: a drawn gather case carries one group)
+SPLIT_HEAD_TAIL = "request split head/tail"  # a split prefill whose rank 0 gets both chunks
+FEATURES = (GRAPH_PADDING, DP_PADDING, MAP_PAST_ND, INTERLEAVE_2, EMPTY_RANK, ROUND_ROBIN,
+            SHORT_PREFILL_REPLICATED, KV_GROUPS, SPLIT_HEAD_TAIL)
+
+
+def branches(case: Case) -> set[str]:
+    """The branches the ranks of a case take (spec.model.branch of each rank's call in the
+    reference layout; a well-formed case's ranks all take the same one)."""
+    tokens, slot_maps, nds, shard = plan(case.batch)[:4]
+    return {model.branch(tokens.shape[1], len(slots), nd, shard)
+            for slots, nd in zip(slot_maps, nds)}
+
+
+def features(case: Case) -> set[str]:
+    """The layout features of FEATURES a case exercises."""
+    batch = case.batch
+    tokens, slot_maps, nds, shard = plan(batch)[:4]
+    real_per_rank = (tokens >= 0).sum(axis=1)
+    found = set()
+    if batch.regime not in DRAFT_REGIMES and tokens.shape[1] > real_per_rank.max(initial=0):
+        found.add(GRAPH_PADDING)
+    if batch.regime in DRAFT_REGIMES and batch.dp_pad:
+        found.add(DP_PADDING)
+    if any(len(slots) <= tokens.shape[1] and len(slots) > nd
+           for slots, nd in zip(slot_maps, nds)):
+        found.add(MAP_PAST_ND)
+    if batch.regime == DCP and batch.interleave == 2:
+        found.add(INTERLEAVE_2)
+    if np.any(real_per_rank == 0):
+        found.add(EMPTY_RANK)
+    decodes = [r for r in batch.requests if r.num_tokens and not r.prefilling]
+    if shard and len(decodes) >= 2:
+        found.add(ROUND_ROBIN)
+    if batch.regime not in DRAFT_REGIMES:
+        two_p = 2 * batch.pcp_size
+        replicated = reference.replicated_requests(batch)
+        for request, copied in zip(batch.requests, replicated):
+            if not request.prefilling or not request.num_tokens:
+                continue
+            if copied and batch.regime == DCP:
+                found.add(SHORT_PREFILL_REPLICATED)
+            elif not copied and (two_p - 1) * -(-request.num_tokens // two_p) < request.num_tokens:
+                found.add(SPLIT_HEAD_TAIL)
+    return found

@@ -1,0 +1,39 @@
+"""Where a verdict is made: every predicate of spec/invariants.py that applies, through the
+registry, on a case's observation at the index level (rows as labels)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pcpcheck.judge.observe import RankView
+from pcpcheck.judge.prepare import Prepared
+from pcpcheck_spec.registry import Step, evaluate
+
+
+@dataclass
+class Violation:
+    invariant: str
+    ranks: list[int]  # the ranks on which it fails
+
+
+@dataclass(kw_only=True)
+class Observation:
+    prepared: Prepared
+    ranks: list[RankView]
+    violations: list[Violation]
+    checked: tuple[str, ...]  # invariant IDs evaluated on this case
+    note: str = ""  # how its search ended early, if it did (engine: shrinking stopped)
+
+    @property
+    def costly(self) -> bool:
+        """A rank hung or died: running the case again costs a timeout or a worker."""
+        return any(view.lost for view in self.ranks)
+
+def judge(prepared: Prepared, views: list[RankView], regime: str | None = None
+          ) -> tuple[list[Violation], tuple[str, ...]]:
+    """Evaluate every predicate of spec.registry that applies in `regime` (default: the case's);
+    violations in priority order, and the IDs whose predicate actually ran on this case."""
+    step = Step(views, prepared.expected, prepared.labels[prepared.labels >= 0].tolist(),
+                len(prepared.case.tensors))
+    failed, ran = evaluate(step, regime or prepared.case.batch.regime)
+    return [Violation(i, ranks) for i, ranks in failed.items()], ran

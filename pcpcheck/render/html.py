@@ -1,0 +1,218 @@
+"""`--html DIR`: a self-contained page per counterexample (inline CSS, no script, no external
+asset) and an index page linking them.
+
+A page shows, for the shrunk case: each rank's input rows as a grid, coloured by request (hue)
+and by kind (prefill solid, decode light with a bar, padding hatched grey); the slot map beneath
+each rank's rows; what each rank returned; and each rank's cache after the kernel, with wrong,
+missing and unexpected slots highlighted. The invariant ID heads the page in a red banner.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+
+from pcpcheck.judge.explain import label
+from pcpcheck.render.report import cell
+from pcpcheck.shared.case import describe
+from pcpcheck_spec.registry import GATHER_IDS, RELEASE_IDS
+
+BANNER = "#c8102e"  # the violated invariant's banner: tests look for this colour in a screenshot
+
+_STYLE = f"""
+body {{ font-family: sans-serif; margin: 16px; color: #222; background: #fff; }}
+.banner {{ background: {BANNER}; color: #fff; padding: 18px 24px; font-size: 40px;
+          font-weight: bold; letter-spacing: 1px; }}
+.banner small {{ font-size: 18px; font-weight: normal; }}
+h2 {{ font-size: 18px; margin: 22px 0 6px; }}
+table.grid {{ border-collapse: separate; border-spacing: 2px; }}
+table.grid th {{ font-weight: normal; font-size: 12px; color: #555; text-align: right;
+                padding-right: 6px; white-space: nowrap; }}
+table.grid td {{ min-width: 34px; height: 24px; text-align: center; font-size: 12px;
+                font-family: monospace; border-radius: 3px; }}
+td.pad {{ background: repeating-linear-gradient(45deg, #ccc, #ccc 4px, #e6e6e6 4px, #e6e6e6 8px);
+          color: #555; }}
+td.decode {{ border-left: 5px solid #222; }}
+td.none {{ background: #f4f4f4; color: #aaa; }}
+td.slot {{ background: #eef3fb; }}
+td.slot.neg {{ background: #f4f4f4; color: #999; }}
+td.wrong {{ outline: 3px solid {BANNER}; }}
+td.missing {{ background: #fff; outline: 3px dashed #e07000; color: #e07000; }}
+td.unexpected {{ outline: 3px dotted #7b2cbf; }}
+.legend span {{ display: inline-block; padding: 2px 8px; margin-right: 8px; font-size: 12px; }}
+pre {{ background: #f7f7f7; padding: 8px; font-size: 12px; white-space: pre-wrap; }}
+.rank {{ margin-bottom: 14px; }}
+.note {{ font-size: 13px; color: #444; }}
+"""
+
+
+def _page(title: str, body: str) -> str:
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>"
+            f"<body>{body}</body></html>\n")
+
+
+def _requests_of(case) -> dict[int, tuple[int, bool]]:
+    """token -> (request index, prefilling)."""
+    owners, token = {}, 0
+    for index, request in enumerate(case.batch.requests):
+        for _ in range(request.num_tokens):
+            owners[token] = (index, request.prefilling)
+            token += 1
+    return owners
+
+
+def _row_cell(value: int, owners, extra: str = "") -> str:
+    """One row label as a coloured cell."""
+    if value < 0 or value not in owners:
+        return f'<td class="pad {extra}" title="padding">{html.escape(label(value))}</td>'
+    request, prefilling = owners[value]
+    hue = (request * 67 + 200) % 360
+    shade = "55%" if prefilling else "80%"
+    kind = "prefill" if prefilling else "decode"
+    return (f'<td class="{kind} {extra}" style="background: hsl({hue}, 65%, {shade})" '
+            f'title="request {request}, {kind}">{label(value)}</td>')
+
+
+def _slot_cells(slots) -> str:
+    return "".join(f'<td class="slot{" neg" if int(s) < 0 else ""}">{int(s)}</td>' for s in slots)
+
+
+def _legend(case, owners) -> str:
+    items = []
+    for index, request in enumerate(case.batch.requests):
+        kind = "prefill" if request.prefilling else "decode"
+        hue = (index * 67 + 200) % 360
+        shade = "55%" if request.prefilling else "80%"
+        bar = "border-left: 5px solid #222;" if not request.prefilling else ""
+        items.append(f'<span style="background: hsl({hue}, 65%, {shade}); {bar}">request {index}: '
+                     f'{kind}, {request.num_tokens} token(s)</span>')
+    items.append('<span class="pad" style="background: repeating-linear-gradient(45deg, #ccc, '
+                 '#ccc 4px, #e6e6e6 4px, #e6e6e6 8px)">padding</span>')
+    items.append(f'<span style="outline: 3px solid {BANNER}">wrong row in slot</span>')
+    items.append('<span style="outline: 3px dashed #e07000">expected, not written</span>')
+    items.append('<span style="outline: 3px dotted #7b2cbf">written, not expected</span>')
+    return '<div class="legend">' + "".join(items) + "</div>"
+
+
+def _cache_row(observation, rank: int, owners) -> str:
+    expected = observation.prepared.expected[rank]
+    view = observation.ranks[rank]
+    actual = view.caches[0] if view.caches else {}
+    cells = []
+    for slot in sorted(set(expected) | set(actual)):
+        want, got = expected.get(slot), actual.get(slot)
+        if got is None:
+            cells.append(f'<td class="missing" title="slot {slot}: expected {label(want)}, '
+                         f'not written">{slot}:{label(want)}?</td>')
+            continue
+        state = "" if want == got else ("unexpected" if want is None else "wrong")
+        cell = _row_cell(got, owners, state)
+        cells.append(cell.replace(">" + label(got) + "<", f">{slot}:{label(got)}<", 1))
+    return "".join(cells) or '<td class="none">empty</td>'
+
+
+def counterexample_page(counterexample, target: str) -> str:
+    """The page of one counterexample (of a CheckResult)."""
+    title = f"{counterexample.invariant} violated on rank(s) {list(counterexample.ranks)}"
+    body = [f'<div class="banner" id="invariant">{counterexample.invariant} '
+            f"<small>violated on rank(s) {list(counterexample.ranks)}, regime "
+            f"{html.escape(counterexample.regime)}</small></div>",
+            f'<p class="note">target {html.escape(target)}</p>']
+    others = counterexample.violations[1:]
+    if others:
+        body.append('<p class="note">also violated: ' + "; ".join(
+            f"{v.invariant} on {list(v.ranks)}" for v in others) + "</p>")
+    observation = counterexample.observation
+    if observation is not None:
+        body.append(_grids(observation))
+    body.append("<h2>Report</h2><pre>" + html.escape(counterexample.report) + "</pre>")
+    return _page(title, "".join(body))
+
+
+def _grids(observation) -> str:
+    prepared = observation.prepared
+    case = prepared.case
+    owners = _requests_of(case)
+    parts = [f'<p class="note">{html.escape(describe(case))}</p>', _legend(case, owners),
+             "<h2>Input rows per rank, and the slot map beneath</h2>"]
+    for rank in range(prepared.size):
+        rows = "".join(_row_cell(int(v), owners) for v in prepared.tokens[rank])
+        parts.append(f'<table class="grid rank"><tr><th>rank {rank} rows</th>{rows}</tr>'
+                     f'<tr><th>slot map (nd={prepared.nds[rank]})</th>'
+                     f"{_slot_cells(prepared.slot_maps[rank])}</tr></table>")
+    parts.append("<h2>What each rank returned</h2>")
+    for rank, view in enumerate(observation.ranks):
+        if view.error:
+            returned = f'<td class="none">error: {html.escape(view.error)}</td>'
+            slots = ""
+        elif not view.returned:
+            returned, slots = '<td class="none">no output: the call did not complete</td>', ""
+        else:
+            returned = "".join(_row_cell(v, owners) for v in view.rows[0]) or '<td class="none">no rows</td>'
+            slots = _slot_cells(view.slots)
+        parts.append(f'<table class="grid rank"><tr><th>rank {rank} rows</th>{returned}</tr>'
+                     f"<tr><th>slots</th>{slots}</tr></table>")
+        if view.trace:
+            parts.append('<p class="note">collectives: ' + html.escape(
+                "; ".join(" ".join(map(str, e)) for e in view.trace)) + "</p>")
+    parts.append("<h2>Each rank's cache after the kernel (slot:row)</h2>")
+    for rank in range(prepared.size):
+        parts.append(f'<table class="grid rank"><tr><th>rank {rank} cache</th>'
+                     f"{_cache_row(observation, rank, owners)}</tr></table>")
+    return "".join(parts)
+
+
+def index_page(result, pages: list[tuple[str, object]]) -> str:
+    verdict = "holds" if result.holds else "VIOLATED"
+    body = [f'<div class="banner" style="background: {"#2e7d32" if result.holds else BANNER}">'
+            f"pcpcheck: {verdict} <small>{html.escape(result.target_name)}</small></div>",
+            f'<p class="note">pcpcheck {html.escape(result.version)}, target '
+            f"{html.escape(result.target)}</p>"]
+    if pages:
+        body.append("<h2>Counterexamples</h2><ul>")
+        for filename, c in pages:
+            known = " (known, baselined)" if c.known else ""
+            body.append(f'<li><a href="{html.escape(filename)}">{c.invariant}</a> on rank(s) '
+                        f"{list(c.ranks)}, regime {html.escape(c.regime)}{known}</li>")
+        body.append("</ul>")
+    header = "".join(f"<th>{html.escape(s.regime)}</th>" for s in result.regimes)
+    rows = []
+    for invariant in RELEASE_IDS if result.release is not None else GATHER_IDS:
+        cells = []
+        for summary in result.regimes:
+            count = summary.count(invariant)
+            cells.append(f"<td>{cell(count.checked, count.violated)}</td>")
+        rows.append(f"<tr><th>{invariant}</th>{''.join(cells)}</tr>")
+    cases = "".join(f"<td>{s.cases}</td>" for s in result.regimes)
+    body.append(f'<h2>Verdict per regime</h2><table class="grid"><tr><th></th>{header}</tr>'
+                f"<tr><th>cases</th>{cases}</tr>{''.join(rows)}</table>")
+    covered = [s for s in result.regimes if s.branches or s.features]
+    if covered:  # what the cases exercised, 0 where none did (pcpcheck.judge.coverage)
+        names = [(f"branch {b}", "branches", b) for b, _ in covered[0].branches]
+        names += [(f, "features", f) for f, _ in covered[0].features]
+        lines = "".join(
+            f"<tr><th>{html.escape(name)}</th>"
+            + "".join(f"<td>{dict(getattr(s, kind)).get(key, 0)}</td>" for s in covered) + "</tr>"
+            for name, kind, key in names)
+        head = "".join(f"<th>{html.escape(s.regime)}</th>" for s in covered)
+        body.append(f'<h2>Coverage (cases)</h2><table class="grid"><tr><th></th>{head}</tr>'
+                    f"{lines}</table>")
+    return _page(f"pcpcheck: {result.target_name}", "".join(body))
+
+
+def write_html(directory: str, result) -> list[str]:
+    """Write one page per counterexample and index.html; return their paths."""
+    os.makedirs(directory, exist_ok=True)
+    pages, paths = [], []
+    for number, counterexample in enumerate(result.counterexamples, 1):
+        filename = f"counterexample-{number}-{counterexample.invariant}-{counterexample.regime}.html"
+        path = os.path.join(directory, filename)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(counterexample_page(counterexample, result.target))
+        pages.append((filename, counterexample))
+        paths.append(path)
+    index = os.path.join(directory, "index.html")
+    with open(index, "w", encoding="utf-8") as handle:
+        handle.write(index_page(result, pages))
+    return [index, *paths]

@@ -1,0 +1,440 @@
+"""Load a vLLM release's PCP path (manager, gather, wrappers) and read its capabilities from its
+own code. It runs in the worker (pcpcheck.worker.main, release mode), never in the driver.
+
+`load_release(source) -> Release`. The manager file (`pcp_manager.py`) and the gather file
+(`pcp.py`) are executed as fresh modules with the loader's stand-ins (pcpcheck.worker.standins
+StandInSpace) for their `vllm.*` imports; names the layout methods really use get working
+stand-ins (`STAND_INS`: real classes for the annotated types, the host-to-device copy as a CPU
+copy, CUDAGraphMode as an enum). Capabilities come from the release's code: its constructor's
+parameters, its `_build_batch_layout` signature, its `validate_config` run on a synthetic config,
+its gather's and wrappers' signatures. An internal pcpcheck needs that the release lacks is
+`InterfaceDrift`: one line naming it (exit 2).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import inspect
+import json
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+import pcpcheck_reference as reference
+from pcpcheck.shared.errors import InterfaceDrift, LoadError
+from pcpcheck.shared.protocol import Capabilities
+from pcpcheck.shared.source import GATHERS, MANAGER, Source, from_spec, resolve
+from pcpcheck.shared.step_inputs import dummy_tokens, global_maps, positions, step_arrays
+from pcpcheck.worker.loader import exec_source, make_target
+from pcpcheck.worker.release_excerpts import (
+    BACKEND_UTILS,
+    MODEL_RUNNER,
+    SORT,
+    SPLIT,
+    check_sort,
+    interleave_rule,
+    load_function,
+    rank_num_decode_tokens,
+)
+from pcpcheck.worker.release_kernels import BlockTablesPath, load_block_tables, through_kernels
+from pcpcheck.worker.release_paths import path_table
+from pcpcheck.worker.standins import StandInSpace
+from pcpcheck_reference import ERA_CURRENT, ERA_V026
+from pcpcheck_spec.names import DCP, DRAFT, DRAFT_MIXED, REPLICATED, SHARDED, Batch, Request
+
+MLA_WRAPPER = "maybe_gather_mla_latent_cache_inputs"
+INDEXER_WRAPPER = "maybe_gather_indexer_k"
+GATHER = "_gather_prefill_cache_inputs"
+SHARD = "shard_decode_requests"
+# The parameters pcpcheck passes by name (the wrappers' callers do the same).
+WRAPPER_PARAMS = {
+    MLA_WRAPPER: ("kv_c_normed", "k_pe", "slot_mapping", "num_decode_tokens", "use_pcp"),
+    INDEXER_WRAPPER: ("k", "slot_mapping", "num_decode_tokens", "use_pcp"),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Working stand-ins for what the layout methods use (everything else stays inert)
+
+
+class CUDAGraphMode(enum.Enum):
+    NONE = 0
+    PIECEWISE = 1
+    FULL = 2
+    FULL_DECODE_ONLY = (2, 0)
+    FULL_AND_PIECEWISE = (2, 1)
+
+    def has_full_cudagraphs(self) -> bool:
+        return self in (CUDAGraphMode.FULL, CUDAGraphMode.FULL_DECODE_ONLY,
+                        CUDAGraphMode.FULL_AND_PIECEWISE)
+
+    def separate_routine(self) -> bool:
+        return isinstance(self.value, tuple)
+
+
+def _host_to_device(data, *args, device=None, dtype=None, out=None, **kwargs):
+    """async_tensor_h2d / async_copy_to_gpu on CPU: a copy (into `out` when given)."""
+    tensor = torch.from_numpy(np.array(data)) if not isinstance(data, torch.Tensor) else data
+    if dtype is not None:
+        tensor = tensor.to(dtype)
+    if out is not None:
+        return out.copy_(tensor)
+    return tensor.clone()
+
+
+def _annotated(name: str) -> type:
+    """A real class for a type the manager file annotates with (annotations are evaluated);
+    constructed with any arguments (the manager builds InputBuffers when given its sizes)."""
+    return type(name, (), {"__module__": "pcpcheck.vllm.standin",
+                           "__init__": lambda self, *args, **kwargs: None})
+
+
+STAND_INS = {
+    "vllm.config": {"CUDAGraphMode": CUDAGraphMode, "VllmConfig": _annotated("VllmConfig")},
+    "vllm.utils.torch_utils": {"async_tensor_h2d": _host_to_device},
+    "vllm.v1.worker.gpu.buffer_utils": {"async_copy_to_gpu": _host_to_device},
+    "vllm.v1.worker.gpu.block_table": {"BlockTables": _annotated("BlockTables")},
+    "vllm.v1.worker.gpu.input_batch": {"InputBatch": _annotated("InputBatch"),
+                                       "InputBuffers": _annotated("InputBuffers")},
+    "vllm.v1.worker.gpu.states": {"RequestState": _annotated("RequestState")},
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# The release
+
+
+@dataclass(kw_only=True)
+class Release:
+    source: Source
+    manager: type  # PCPManager
+    gather_module: object
+    gather: object  # pcpcheck.worker.loader.Target of the release's gather
+    caps: Capabilities
+    stand_ins: list[str]  # vllm names stood in for (inert)
+    adapted: list[str]  # working stand-ins provided, and how pcpcheck adapted to the release
+    kernels: BlockTablesPath  # the release's BlockTables, or why slot maps stay modeled
+    sort: object = None  # the release's sort_batch_req_ids, or None (the order stays 0.33's key)
+    split: object = None  # its split_decodes_and_prefills, or None (nd: the leading decode rows)
+    paths: list[dict] | None = None  # the path table (path_table): which stage runs the release's code
+
+    @property
+    def name(self) -> str:
+        return f"vLLM {self.source.release}"
+
+    @property
+    def manager_params(self) -> set[str]:
+        return set(_params(self.manager.__init__))
+
+    @property
+    def files(self) -> dict[str, str]:
+        return dict(self.source.hashes)
+
+
+def _space() -> StandInSpace:
+    space = StandInSpace()
+    for module, names in STAND_INS.items():
+        for name, value in names.items():
+            space.provide(module, name, value)
+    return space
+
+
+def _exec(source: Source, relpath: str, space: StandInSpace):
+    text = source.read(relpath)
+    package = relpath.rpartition("/")[0].replace("/", ".")
+    return exec_source(text, source.filename(relpath), space, package)
+
+
+def _params(function) -> dict:
+    try:
+        return dict(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
+def _require(owner: str, obj, name: str):
+    value = getattr(obj, name, None)
+    if value is None:
+        raise InterfaceDrift(f"{owner} has no {name} (renamed or removed in this release)")
+    return value
+
+
+def _synthetic_config(pcp: int, dcp: int, speculative: bool):
+    """A vllm_config for validate_config: sparse MLA (DeepSeek-V3.2), no CUDA graphs, PCP = pcp,
+    DCP = dcp, with single-module MTP drafts when `speculative`."""
+    spec = None
+    if speculative:
+        spec = SimpleNamespace(method="mtp", use_dspark=lambda: False,
+                               use_multi_module_mtp=lambda: False,
+                               draft_model_config=SimpleNamespace(use_mla=True))
+    return SimpleNamespace(
+        parallel_config=SimpleNamespace(
+            prefill_context_parallel_size=pcp, decode_context_parallel_size=dcp,
+            pipeline_parallel_size=1, dcp_comm_backend="ag_rs", enable_expert_parallel=False,
+            pcp_shard_decode_requests=dcp == 1, cp_kv_cache_interleave_size=1),
+        model_config=SimpleNamespace(
+            use_mla=True, is_encoder_decoder=False,
+            hf_text_config=SimpleNamespace(index_topk=2048, model_type="deepseek_v32")),
+        lora_config=None, speculative_config=spec,
+        compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode.NONE))
+
+
+def _rejects(manager, pcp: int, dcp: int, speculative: bool, adapted: list[str]) -> str | None:
+    """validate_config's NotImplementedError message for this configuration, else None."""
+    validate = getattr(manager, "validate_config", None)
+    if validate is None:
+        adapted.append("PCPManager.validate_config absent: every configuration assumed accepted")
+        return None
+    try:
+        validate(_synthetic_config(pcp, dcp, speculative), False)
+    except NotImplementedError as exc:
+        return str(exc).splitlines()[0] if str(exc) else "NotImplementedError"
+    except Exception as exc:  # noqa: BLE001 - it reads a config field our synthetic one lacks
+        adapted.append(f"validate_config(PCP={pcp}, DCP={dcp}, drafts={speculative}) not "
+                       f"evaluable ({type(exc).__name__}: {exc}): assumed accepted")
+    return None
+
+
+def _capabilities(manager, gather, wrappers: dict, adapted: list[str]) -> Capabilities:
+    init = _params(manager.__init__)
+    for name in ("pcp_world_size", "pcp_rank", "device", "dcp_world_size", "dcp_rank"):
+        if name not in init:
+            raise InterfaceDrift(f"PCPManager.__init__ has no parameter {name!r}")
+    layout = _params(_require("PCPManager", manager, "_build_batch_layout"))
+    if len(layout) < 5:
+        raise InterfaceDrift("PCPManager._build_batch_layout takes fewer than its four inputs "
+                             "(num_scheduled_tokens, num_computed_tokens, is_prefilling, "
+                             "query_start_loc_np)")
+    _require("PCPManager", manager, "_convert_to_gathered_slot_mappings")
+    for name, function in wrappers.items():
+        missing = [p for p in WRAPPER_PARAMS[name] if p not in _params(function)]
+        if missing:
+            raise InterfaceDrift(f"{name} has no parameter {missing[0]!r}")
+    keywords = {key for function in wrappers.values() for key in _params(function)
+                if key.endswith(SHARD)}
+    caps = Capabilities(
+        era=ERA_CURRENT if hasattr(manager, "replicated_requests") else ERA_V026,
+        manager_shards=SHARD in init,
+        gather_shard=gather.accepts_shard,
+        wrapper_shard_keyword=min(keywords) if keywords else None,
+        graph_padding="padded_num_tokens" in layout,
+        replicated_method=hasattr(manager, "replicated_requests"))
+    if not caps.manager_shards:
+        caps.not_applicable[SHARDED] = ("its PCPManager has no shard_decode_requests: decodes "
+                                        "are never sharded")
+    rejected = _rejects(manager, 2, 2, False, adapted)
+    if rejected:
+        caps.not_applicable[DCP] = f"its validate_config rejects PCP+DCP: {rejected}"
+    rejected = _rejects(manager, 2, 1, True, adapted)
+    if rejected:
+        for regime in (DRAFT, DRAFT_MIXED):
+            caps.not_applicable[regime] = f"its validate_config rejects drafts: {rejected}"
+    base = _rejects(manager, 2, 1, False, adapted)
+    if base:
+        caps.not_applicable[REPLICATED] = f"its validate_config rejects PCP itself: {base}"
+    return caps
+
+
+def load_release(source: Source | str) -> Release:
+    """Load SOURCE's PCP path. SourceError / LoadError / InterfaceDrift: one line each."""
+    if not isinstance(source, Source):
+        source = resolve(source)
+    if not source.has(MANAGER):
+        raise InterfaceDrift(f"{source.describe()} has no {MANAGER}")
+    gather_path = next((p for p in GATHERS if source.has(p)), None)
+    if gather_path is None:
+        raise InterfaceDrift(f"{source.describe()} has none of {', '.join(GATHERS)}")
+    space = _space()
+    manager_module = _exec(source, MANAGER, space)
+    manager = _require(MANAGER, manager_module, "PCPManager")
+    gather_module = _exec(source, gather_path, space)
+    try:
+        gather = make_target(gather_module, GATHER, source.filename(gather_path),
+                              source.filename(gather_path), space, gather_path.rpartition("/")[2])
+    except LoadError as exc:
+        raise InterfaceDrift(str(exc)) from None
+    adapted = [f"{name} (working stand-in)" for name in space.provided]
+    wrappers = {}
+    for name in (MLA_WRAPPER, INDEXER_WRAPPER):
+        function = getattr(gather_module, name, None)
+        if function is None:
+            adapted.append(f"{gather_path} has no {name}: its cases call the gather directly")
+        else:
+            wrappers[name] = function
+    caps = _capabilities(manager, gather, wrappers, adapted)
+    if caps.era == ERA_V026:
+        adapted.append("no PCPManager.replicated_requests: judged by the 0.26 layout model")
+    if not caps.graph_padding:
+        adapted.append("_build_batch_layout has no padded_num_tokens: no graph padding drawn")
+    kernels = _block_tables(source, manager, adapted)
+    if kernels.real and "dcp_sharded" in _params(kernels.block_tables.__init__):
+        caps.replicated_kv_group = True
+        adapted.append("BlockTables(dcp_sharded=[True, False]): the second KV group replicated "
+                       "under DCP (compared by LAYOUT; its gather call, with that group's map, "
+                       "judged by REPLICA, the first group's by SHARD)")
+    if kernels.real and kernels.dummies:
+        caps.dummy_requests = True
+        adapted.append("dummy requests: a step's graph padding rows reach the slot kernel as one "
+                       "request with idx_mapping -1 after the real ones (positions 0, 1, ...); "
+                       "its slots must all be -1 (LAYOUT's dummy_slots)")
+    caps.interleave_default, caps.interleave_divisors, note = interleave_rule(source)
+    adapted.append(f"interleave sizes drawn (dcp): the strategy's (1, 2; --scope interleaves=) "
+                   f"that this release accepts, else its default: {note}")
+    sort, unsorted = load_function(source, MODEL_RUNNER, SORT)
+    if sort is not None:
+        check_sort(sort)
+    split, unsplit = load_function(source, BACKEND_UTILS, SPLIT)
+    release = Release(source=source, manager=manager, gather_module=gather_module, gather=gather,
+                      caps=caps, stand_ins=space.names, adapted=adapted, kernels=kernels,
+                      sort=sort, split=split)
+    _probe(release)
+    release.paths = path_table(source, gather_path, kernels.reason if not kernels.real else "",
+                               bool(wrappers), unsorted, unsplit, caps.dummy_requests)
+    return release
+
+
+def _block_tables(source: Source, manager, adapted: list[str]) -> BlockTablesPath:
+    """The release's BlockTables feeding its manager's own prepare_slot_mappings, where the
+    manager takes them; else the slot maps stay the reference formula's, and the reason says so."""
+    kernels = load_block_tables(source)
+    if not kernels.real:
+        return kernels
+    init = _params(manager.__init__)
+    missing = [p for p in ("block_tables", "max_num_reqs", "max_num_tokens") if p not in init]
+    if missing or not hasattr(manager, "prepare_slot_mappings"):
+        why = (f"its PCPManager.__init__ has no {missing[0]!r}" if missing
+               else "its PCPManager has no prepare_slot_mappings")
+        return BlockTablesPath(reason=f"{why}: the block tables cannot feed it")
+    adapted += kernels.adapted
+    adapted.append("PCPManager.partition_batch not run: prepare_slot_mappings reads the global "
+                   "batch's idx_mapping, query_start_loc, positions and num_tokens as given")
+    return kernels
+
+
+def _probe(release: Release) -> None:
+    """Lay one small step out with rank 0's manager: an internal it lacks (a segment field, an
+    attribute the layout sets) is interface drift, named in one line, not a verdict per case."""
+    step = Batch(REPLICATED, 2, (Request(1, False, 0, (0,)), Request(5, True, 0, (1,))), 16)
+    try:
+        manager_view(release, step, 0)
+    except AttributeError as exc:
+        raise InterfaceDrift(f"PCPManager layout: {exc}") from None
+    except TypeError as exc:  # a changed signature: unexpected or missing argument
+        raise InterfaceDrift(f"PCPManager layout call: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The release's manager laid out on CPU (a rank's view of a step)
+
+def _leading_decodes(rows_of_requests: list[tuple[int, int]], prefilling) -> int:
+    """nd: tokens of the leading rows whose request is a decode (the kernel's split under PCP
+    counts short extends as prefills; sem section 9)."""
+    total = 0
+    for request, length in rows_of_requests:
+        if prefilling[request]:
+            break
+        total += length
+    return total
+
+
+def kernel_step(release, batch: Batch) -> bool:
+    """Whether this step's slot maps come from the release's own kernels."""
+    dummies = 1 if dummy_tokens(batch, release.caps) else 0
+    return release.kernels.real and through_kernels(batch, reference.dcp_size(batch), dummies)
+
+
+def make_manager(release, batch: Batch, rank: int):
+    """Rank `rank`'s PCPManager for the step's regime, on CPU, with the release's own block
+    tables for the step where they run (kernel_step)."""
+    dcp_size, dcp_rank = reference.dcp_size(batch), rank if batch.regime == DCP else 0
+    kwargs = dict(pcp_world_size=batch.pcp_size, pcp_rank=rank, device=torch.device("cpu"),
+                  dcp_world_size=dcp_size, dcp_rank=dcp_rank)
+    if "cp_interleave" in release.manager_params:
+        kwargs["cp_interleave"] = batch.interleave
+    if release.caps.manager_shards:
+        kwargs["shard_decode_requests"] = batch.regime == SHARDED
+    if kernel_step(release, batch):
+        dummies = dummy_tokens(batch, release.caps)
+        max_tokens = max(sum(r.num_tokens for r in batch.requests) + dummies, batch.graph_size, 1)
+        kwargs.update(max_num_reqs=max(len(batch.requests) + bool(dummies), 1),
+                      max_num_tokens=max_tokens,
+                      block_tables=release.kernels.for_step(
+                          batch, dcp_size, dcp_rank, max_tokens, release.caps.replicated_kv_group))
+    return release.manager(**kwargs)
+
+
+def manager_view(release, batch: Batch, rank: int) -> tuple[dict, list[int] | None]:
+    """What rank `rank`'s own manager lays out (every rank's rows, as this rank sees them; its
+    `num_decode_tokens` are the layout's leading decode rows, which LAYOUT compares), and each
+    rank's num_decode_tokens from the release's own split (None where it has none)."""
+    manager = make_manager(release, batch, rank)
+    q, computed, prefilling, starts = step_arrays(batch)
+    kwargs = {}
+    if batch.graph_size and release.caps.graph_padding:
+        kwargs["padded_num_tokens"] = batch.graph_size
+    segments_by_rank, _ = manager._build_batch_layout(q, computed, prefilling, starts, **kwargs)
+    rows, nds, split_nds = [], [], []
+    for segments in segments_by_rank:
+        ordered = sorted(segments, key=lambda s: s.rank_local_batch_slice.start)
+        rows.append([t for s in ordered
+                     for t in range(s.global_batch_slice.start, s.global_batch_slice.stop)])
+        nds.append(_leading_decodes([(s.global_batch_req_idx, s.num_tokens) for s in ordered],
+                                    prefilling))
+        if release.split is not None:  # the attention builder's nd, which the gather is given
+            split_nds.append(rank_num_decode_tokens(release.split, [
+                (s.num_tokens, bool(prefilling[s.global_batch_req_idx])) for s in ordered]))
+    gidx = _plain(manager._padded_gather_idx)
+    view = {
+        "rows": rows,
+        "num_decode_tokens": nds,
+        "width": len(gidx) // batch.pcp_size,
+        "gidx": gidx,
+        "wmask": [bool(v) for v in _plain(manager._gathered_kv_write_mask)],
+        "restore": _plain(manager._hidden_restore_idx),
+    }
+    if release.caps.replicated_method:
+        view["replicated"] = [bool(v) for v in manager.replicated_requests(q, prefilling)]
+    if kernel_step(release, batch):  # the release's kernels compute the global maps
+        # a dummy request (idx_mapping -1) after the real ones, as a padded graph batch has
+        dummies = dummy_tokens(batch, release.caps)
+        real = int(starts[-1])
+        manager._global_batch = SimpleNamespace(
+            idx_mapping=torch.tensor(list(range(len(q))) + [-1] * bool(dummies),
+                                     dtype=torch.int32),
+            query_start_loc=torch.tensor(list(starts) + [real + dummies] * bool(dummies),
+                                         dtype=torch.int32),
+            positions=torch.from_numpy(np.concatenate(
+                [positions(batch), np.arange(dummies, dtype=np.int64)])),
+            num_tokens=real + dummies)
+        expanded = manager.prepare_slot_mappings()
+        if dummies:
+            view["dummy_slots"] = [[int(v) for v in row[real:real + dummies]]
+                                   for row in _plain(release.kernels.last_global)]
+    else:  # the reference formula's global maps (semantics section 3)
+        maps = torch.from_numpy(global_maps(batch, rank if batch.regime == DCP else 0,
+                                            release.caps.replicated_kv_group))
+        expanded = manager._convert_to_gathered_slot_mappings(maps)
+    view["expanded"] = [[int(v) for v in row] for row in _plain(expanded)]
+    return view, split_nds or None
+
+
+def _plain(value) -> list:
+    if isinstance(value, torch.Tensor):
+        return value.cpu().tolist()
+    return np.asarray(value).tolist()
+
+
+@functools.lru_cache(maxsize=8)
+def _cached(spec_json: str) -> Release:
+    return load_release(from_spec(json.loads(spec_json)))
+
+
+def release_from_spec(spec: dict) -> Release:
+    """The release a worker uses: loaded once per process from its plain-data spec."""
+    return _cached(json.dumps(spec, sort_keys=True))
+
+
+__all__ = ["Release", "load_release", "release_from_spec"]

@@ -1,0 +1,53 @@
+"""The path table of a release: for each stage of a step's PCP KV path (semantics section 10),
+whether the release's own code runs it (`real`, its file and sha256) or pcpcheck's restatement
+stands in (`modeled`, and why). Built in the worker when it loads the release
+(pcpcheck.worker.release_code), sent to the driver as plain data, printed in the report's header and
+carried in the JSON (`release.paths`)."""
+
+from __future__ import annotations
+
+from pcpcheck.shared.protocol import BATCH_ORDER, CACHE_WRITE, GATHER_STAGE, MANAGER_STAGE, SLOT_MAPPING, WRAPPER
+from pcpcheck.shared.protocol import SPLIT as SPLIT_STAGE
+from pcpcheck.shared.source import MANAGER
+from pcpcheck.worker.release_excerpts import BACKEND_UTILS, MODEL_RUNNER, SORT, SPLIT, SPLIT_FLAGS
+from pcpcheck.worker.release_kernels import BLOCK_TABLE, KERNEL_PROGRAMS, KERNEL_REQUESTS
+
+
+def path_table(source, gather_path: str, unkerneled: str, has_wrappers: bool, unsorted: str,
+               unsplit: str, dummies: bool = False) -> list[dict]:
+    """Per stage: `real` (the release's file and its sha256 run it; `reason` says where it does
+    not reach) or `modeled` (pcpcheck's restatement; `reason` says why). The `un...` arguments
+    say why a stage is not the release's ("" where it is)."""
+    def real(stage, relpath, scope=""):
+        return {"stage": stage, "status": "real", "file": relpath,
+                "sha256": source.hashes.get(relpath, ""), "reason": scope}
+
+    def modeled(stage, reason):
+        return {"stage": stage, "status": "modeled", "file": None, "sha256": None,
+                "reason": reason}
+
+    expanded_only = "expanded regimes; draft steps take the reference's unexpanded map"
+    flags = ", ".join(f"{key}={value}" for key, value in SPLIT_FLAGS.items())
+    kernel_scope = (f"{expanded_only}; steps of at most {KERNEL_REQUESTS} requests and "
+                    f"{KERNEL_PROGRAMS} slot-kernel programs, larger ones the reference formula"
+                    + ("; graph padding rows given as a dummy request (idx_mapping -1)"
+                       if dummies else ""))
+    return [
+        real(BATCH_ORDER, MODEL_RUNNER, f"{SORT} alone, with a decode query length of 1")
+        if not unsorted else modeled(BATCH_ORDER, f"{unsorted}: 0.33's sort key "
+                                                  "(pcpcheck.search.release_search.release_order)"),
+        real(SLOT_MAPPING, BLOCK_TABLE, kernel_scope) if not unkerneled else modeled(
+            SLOT_MAPPING, f"{unkerneled}: the reference formula (semantics section 3)"),
+        real(MANAGER_STAGE, MANAGER, expanded_only),
+        real(SPLIT_STAGE, BACKEND_UTILS, f"{SPLIT} alone, with the MLA builder's defaults "
+                                         f"under PCP: {flags}; {expanded_only}")
+        if not unsplit else modeled(SPLIT_STAGE, f"{unsplit}: the rank's leading decode rows"),
+        real(WRAPPER, gather_path) if has_wrappers else modeled(
+            WRAPPER, f"not reached: {gather_path} has no wrapper, cases call the gather"),
+        real(GATHER_STAGE, gather_path),
+        modeled(CACHE_WRITE, "a C op (concat_and_cache_mla), not run on CPU: the kernel rule of "
+                             "semantics section 4 (spec.model.write)"),
+    ]
+
+
+__all__ = ["path_table"]

@@ -1,0 +1,139 @@
+"""One rank's step of a vLLM release, in the worker (release code runs only here): the step in
+the release's own batch order (its sort_batch_req_ids, where it has one: `order`), its own
+PCPManager lays it out (with its own block tables and slot kernel where they run: `kernels`),
+then the release's gather runs through its MLA or indexer wrapper with real collectives.
+
+`rank_step(case_json, source_spec, rank)` runs in a worker process (pcpcheck.worker.main,
+release mode): plain data in (the case as JSON, the source as `Source.spec()`); it loads the
+release there (once per process) and returns the rank's layout view, its gather inputs and the
+call's outputs. The worker sends back the STEP_FIELDS as plain data and the tensors as bytes; the
+driver (pcpcheck.judge.release_case) never imports or runs release code.
+
+View fields (every list plain ints/bools): rows (per rank: global token ids in row order),
+num_decode_tokens (per rank: leading decode rows), width (W), gidx (padded gather index, P*W),
+wmask (KV write mask), restore (hidden restore index, N), replicated (per request; only where
+the release has `replicated_requests`), expanded (per KV-cache group: the expanded slot map the
+manager builds from the global map with `_convert_to_gathered_slot_mappings`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+import pcpcheck_reference as reference
+from pcpcheck.shared.case import Case, as_tensor, pad_label, row_content
+from pcpcheck.worker.rankctx import current_group
+from pcpcheck.worker.release_code import (
+    INDEXER_WRAPPER,
+    MLA_WRAPPER,
+    Release,
+    kernel_step,
+    manager_view,
+    release_from_spec,
+)
+from pcpcheck.worker.release_excerpts import step_order
+from pcpcheck.worker.runner import CollectiveAborted, RankOutcome
+from pcpcheck_spec.names import DRAFT_REGIMES, SHARDED
+
+# Which entry a case drives, by its tensor count: the indexer wrapper carries k, the MLA wrapper
+# (kv_c_normed, k_pe), and three tensors go to the gather itself.
+ENTRY_BY_TENSORS = {1: INDEXER_WRAPPER, 2: MLA_WRAPPER}
+
+
+def _entry_name(release: Release, num_tensors: int) -> str:
+    name = ENTRY_BY_TENSORS.get(num_tensors)
+    return name if name and hasattr(release.gather_module, name) else release.gather.function_name
+
+
+def _call_entry(release: Release, name: str, tensors, slots, nd: int, shard: bool):
+    """Call the release's entry as its callers do; returns ((tensors...), slot_mapping)."""
+    if name == release.gather.function_name:
+        return release.gather.call(tuple(tensors), slots, nd, shard)
+    function = getattr(release.gather_module, name)
+    kwargs = {"slot_mapping": slots, "num_decode_tokens": nd, "use_pcp": True}
+    if release.caps.wrapper_shard_keyword:
+        kwargs[release.caps.wrapper_shard_keyword] = shard
+    if name == MLA_WRAPPER:
+        kv_c, k_pe, out_slots = function(kv_c_normed=tensors[0], k_pe=tensors[1], **kwargs)
+        return (kv_c, k_pe), out_slots
+    k, out_slots = function(k=tensors[0], **kwargs)
+    return (k,), out_slots
+
+
+def rank_inputs(case: Case, release: Release, rank: int) -> dict:
+    """This rank's layout view (expanded regimes: from its own manager) and gather inputs."""
+    batch = case.batch
+    if batch.regime in DRAFT_REGIMES:  # later draft steps: replicated, unexpanded (sem section 2)
+        lay = reference.layout(batch)
+        return {"layout": None, "tokens": lay.tokens[rank].tolist(),
+                "slot_map": lay.slot_maps[rank].tolist(),
+                "nd": int(lay.num_decode_tokens[rank]), "shard": False}
+    view, split_nds = manager_view(release, batch, rank)
+    width, rows = view["width"], view["rows"][rank]
+    if len(rows) > width:
+        raise ValueError(f"rank {rank} holds {len(rows)} rows, more than the width {width}")
+    tokens = rows + [pad_label(rank, j, width) for j in range(len(rows), width)]
+    return {"layout": view, "tokens": tokens, "slot_map": view["expanded"][0],
+            "nd": (split_nds or view["num_decode_tokens"])[rank],
+            "shard": batch.regime == SHARDED, "split": split_nds is not None}
+
+
+def in_release_order(case: Case, release: Release) -> tuple[Case, list[int] | None]:
+    """The step in the release's own batch order (its sort_batch_req_ids), and that order as
+    indices into the drawn step's requests (None: the release has no sort to run)."""
+    if release.sort is None:
+        return case, None
+    order = step_order(release.sort, case.batch)
+    requests = tuple(case.batch.requests[i] for i in order)
+    return dataclasses.replace(case, batch=dataclasses.replace(case.batch, requests=requests)), order
+
+
+def rank_step(case_json: str, source_spec: dict, rank: int) -> dict:
+    """One rank's whole step (the process seam; see the module docstring)."""
+    case = Case.from_json(case_json)
+    release = release_from_spec(source_spec)
+    report = {"layout_error": None, "error": None, "error_detail": None, "value": None,
+              "inputs": None, "entry": _entry_name(release, len(case.tensors)), "order": None,
+              "kernels": False, "split": False, "slot_map1": None, "group1": None}
+    try:
+        case, report["order"] = in_release_order(case, release)
+        report["kernels"] = (case.batch.regime not in DRAFT_REGIMES
+                             and kernel_step(release, case.batch))
+        report.update(rank_inputs(case, release, rank))
+    except Exception as exc:  # noqa: BLE001 - the release's manager failed on a well-formed step
+        report["layout_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        return report
+    completed = _call(release, case, report, report["slot_map"])
+    if completed and release.caps.replicated_group_call(case.batch.regime):
+        # the replicated KV group's layers call the gather again, with that group's map
+        report["slot_map1"] = report["layout"]["expanded"][1]
+        report["group1"] = {"error": None, "error_detail": None,
+                            "value": None, "inputs": None, "entry": report["entry"],
+                            "nd": report["nd"], "shard": report["shard"], "tokens": report["tokens"],
+                            "trace_from": len(current_group().trace)}
+        _call(release, case, report["group1"], report["slot_map1"])
+    return report
+
+
+def _call(release: Release, case: Case, report: dict, slot_map: list[int]) -> bool:
+    """One call of the release's entry on fresh inputs (the report's tokens, `slot_map`): its
+    inputs, value or error go into `report`. Whether it completed (returned or raised)."""
+    tensors = tuple(as_tensor(row_content(np.array(report["tokens"], dtype=np.int64), k,
+                                          spec.row_bytes), spec)
+                    for k, spec in enumerate(case.tensors))
+    slots = torch.tensor(slot_map, dtype=torch.int64)
+    report["inputs"] = (tensors, slots, report["nd"])
+    try:
+        report["value"] = _call_entry(release, report["entry"], tensors, slots, report["nd"],
+                                      report["shard"])
+    except CollectiveAborted:
+        return False  # the trace already records the collective that never completed (COLLECTIVE)
+    except Exception as exc:  # noqa: BLE001 - the release's verdict, judged as RETURNS
+        outcome = RankOutcome()
+        outcome.record_error(exc)
+        report["error"], report["error_detail"] = outcome.error, outcome.error_detail
+        return False
+    return True
