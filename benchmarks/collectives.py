@@ -192,8 +192,9 @@ def main() -> None:
     rows_list = [int(r) for r in args.rows.split(",")]
     print("MLA rows (512 + 64 bf16), gloo; per call on each rank: collectives, KiB sent, "
           "median ms (over `calls` timed calls per side, sides alternating)")
-    print("load average (1, 5, 15 min) before: %.2f %.2f %.2f, cores: %d"
-          % (*os.getloadavg(), os.cpu_count()))
+    one, five, fifteen = os.getloadavg()
+    print(f"load average (1, 5, 15 min) before: {one:.2f} {five:.2f} {fifteen:.2f}, "
+          f"cores: {os.cpu_count()}")
     print("  world  rows    br side         coll   KiB sent    ms/call  calls")
     with tempfile.TemporaryDirectory() as scratch:
         for size in (int(s) for s in args.sizes.split(",")):
@@ -202,7 +203,8 @@ def main() -> None:
                      nprocs=size, join=True)
             with open(out_path) as handle:
                 print(handle.read(), end="", flush=True)
-    print("load average (1, 5, 15 min) after: %.2f %.2f %.2f" % os.getloadavg())
+    one, five, fifteen = os.getloadavg()
+    print(f"load average (1, 5, 15 min) after: {one:.2f} {five:.2f} {fifteen:.2f}")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from pcpcheck.judge.verdict import judge
 def forget_batches() -> None:
     """Each repeat sees every case afresh: prepare keeps what it derives per batch (a batch drawn
     again within the cases is a hit, as in a search; one seen in an earlier repeat must not be)."""
-    module = importlib.import_module("pcpcheck.judge.run")
+    module = importlib.import_module("pcpcheck.judge.prepare")
     clear = getattr(getattr(module, "_kept_plan", None), "cache_clear", None)  # absent before the cache existed
     if clear:
         clear()

@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--regime", action="append", default=None)
     args = parser.parse_args()
     regimes = args.regime or []
-    print(f"pcpcheck check impl {'--jobs=%d ' % args.jobs if args.jobs else ''}"
+    print(f"pcpcheck check impl {f'--jobs={args.jobs} ' if args.jobs else ''}"
           f"{' '.join('--regime=' + r for r in regimes) or '(default regimes)'}; peak RSS (VmHWM) "
           "per process, MiB")
     for cases in map(int, args.cases.split(",")):

@@ -72,8 +72,12 @@ def run_and_judge(backend_name: str, sizes, count: int, repeat: int, max_batch: 
             target = backend.load("impl")
             for case in batch[:20]:  # warm the workers
                 run_case(case, target, backend)
-            each = lambda: [run_case(case, target, backend) for case in batch]  # noqa: E731
-            streaming = lambda: list(run_cases(batch, target, backend))  # noqa: E731
+            def each(batch=batch, target=target, backend=backend):
+                return [run_case(case, target, backend) for case in batch]
+
+            def streaming(batch=batch, target=target, backend=backend):
+                return list(run_cases(batch, target, backend))
+
             one = best_rate(each, len(batch), repeat)
             streamed = best_rate(streaming, len(batch), repeat)
             print(f"  P={size}: {len(batch)} cases, {one:6.0f} one per round trip, {streamed:6.0f} "

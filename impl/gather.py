@@ -22,16 +22,20 @@ answering with canned data must produce (the rank-major concatenation of every r
   reply, ``(P*n, total width)`` of that dtype, is split by columns back into each tensor's shape
   and dtype, each output dense (contiguous).
 
-This module states the behaviour independently: it imports only torch and the group provider.
+This module states the behaviour independently: it imports only torch, the group provider and
+spec.names' PAD_SLOT_ID.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
+
+from pcpcheck_spec.names import PAD_SLOT_ID
 
 from .parallel_state import as_group, get_pcp_group
 
@@ -55,7 +59,6 @@ __all__ = [
 # ``check_nd_agreement=`` of the gather (and of the wrappers) overrides it.
 CHECK_ND_AGREEMENT: bool = False
 
-_PAD_SLOT_ID = -1  # spec.names.PAD_SLOT_ID; a slot map must be able to hold it
 
 
 def _is_integer_dtype(dtype: torch.dtype) -> bool:
@@ -110,10 +113,10 @@ def check_slot_mapping(slot_mapping: Any) -> torch.Tensor:
         raise TypeError(
             f"slot_mapping must have an integer dtype (int32 or int64), got {dtype}"
         )
-    if torch.iinfo(dtype).min > _PAD_SLOT_ID:
+    if torch.iinfo(dtype).min > PAD_SLOT_ID:  # a slot map must be able to hold it
         raise TypeError(
             f"slot_mapping has the unsigned dtype {dtype}, which cannot hold PAD_SLOT_ID="
-            f"{_PAD_SLOT_ID}: use int32 or int64"
+            f"{PAD_SLOT_ID}: use int32 or int64"
         )
     return slot_mapping
 
@@ -145,7 +148,8 @@ def check_flag(name: str, value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         got, bool_like = _type_name(value), value.dtype == torch.bool
     elif kind.__module__ == "numpy":
-        got, bool_like = f"numpy.{kind.__name__} {value!r}", getattr(value, "dtype", None) == bool
+        # a numpy bool's dtype equals the type bool (`is` would not hold)
+        got, bool_like = f"numpy.{kind.__name__} {value!r}", getattr(value, "dtype", None) == bool  # noqa: E721 - a dtype, not a type
     elif isinstance(value, (int, float, str, type(None))):
         got, bool_like = f"{kind.__name__} {value!r}", False
     else:  # a group or other object: its repr may be long or hold an address

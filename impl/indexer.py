@@ -12,11 +12,11 @@ from typing import Any
 import torch
 
 from .gather import (
-    check_world_size,
-    gather_named,
     check_flag,
     check_slot_mapping,
     check_tensor,
+    check_world_size,
+    gather_named,
     resolve_shard_flag,
 )
 from .parallel_state import as_group, get_pcp_group

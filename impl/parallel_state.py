@@ -22,7 +22,7 @@ try:  # torch builds without distributed support still get the provider and fake
 
     _HAVE_DIST = dist.is_available()
 except ImportError:  # pragma: no cover
-    dist = None  # type: ignore[assignment]
+    dist = None  # type: ignore[assignment]  # the module, absent from this build
     _HAVE_DIST = False
 
 __all__ = [

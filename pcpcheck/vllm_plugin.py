@@ -9,9 +9,10 @@ the PCP boundary: PCPManager's constructor (its parallel sizes and ranks), `_bui
 tokens, from the global batch), `get_draft_input_buffers` (a later draft step's positions: its
 requests are read back from the unexpanded map the MLA wrapper gets),
 `_convert_to_gathered_slot_mappings` (the global slot maps, hence each request's blocks) and the
-MLA wrapper (the slot map and num_decode_tokens the gather gets, and the sha256 of its inputs). One line per rank and recorded step, written before
-the gather runs, so that a step whose collective hangs or crashes is on disk; once the wrapped
-gather returns, a second, small line (kind "outputs") carries the sha256 of its outputs.
+MLA wrapper (the slot map and num_decode_tokens the gather gets, and the sha256 of its inputs).
+One line per rank and recorded step, written before the gather runs, so that a step whose
+collective hangs or crashes is on disk; once the wrapped gather returns, a second, small line
+(kind "outputs") carries the sha256 of its outputs.
 Never an exception into vLLM: a recorder failure is logged once and recording stops.
 Runs inside vLLM: it imports nothing of pcpcheck's judge or driver.
 """
@@ -25,6 +26,7 @@ import inspect
 import logging
 import os
 import sys
+from typing import TextIO
 
 import numpy as np
 
@@ -53,7 +55,9 @@ class Recorder:
     def __init__(self, directory: str, every: int, max_steps: int, block_size: int):
         self.directory, self.every, self.max_steps = directory, every, max_steps
         self.block_size = block_size
-        self.written, self.stopped, self.handles, self.counts = 0, False, {}, {}
+        self.written, self.stopped = 0, False
+        self.handles: dict[str, TextIO] = {}  # by file name
+        self.counts: dict[int, int] = {}  # PCP rank -> its last step
         # The step being recorded, by PCP rank: the manager and the wrapper may run on different
         # threads of a rank's process (asynchronous scheduling), so the key is the rank.
         self.pending: dict[int, dict] = {}

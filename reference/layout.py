@@ -85,6 +85,7 @@ def _owner_and_slot(batch: Batch):
     else:
         owner = (off // il) % dd
         local = (off // (il * dd)) * il + off % il
+    flat: list[int]
     nblocks, base, flat = [], [], []  # per request: block count, first entry in flat; all tables
     for r in batch.requests:
         base.append(len(flat))
@@ -255,7 +256,7 @@ def _rank_segments(batch: Batch) -> list:
     segment; sorted by (is_prefilling, request index, chunk start)."""
     pp, dd, two_p = batch.pcp_size, dcp_size(batch), 2 * batch.pcp_size
     sharded = batch.regime == SHARDED
-    out = [[] for _ in range(pp)]
+    out: list[list[tuple[tuple[bool, int, int], int, int, bool, bool]]] = [[] for _ in range(pp)]
     start = ordinal = 0
     for index, request in enumerate(batch.requests):
         q = request.num_tokens
@@ -286,7 +287,7 @@ def _rank_segments_v026(batch: Batch) -> list:
     too), each rank's rows in request order except pure prefill chunks (first position 0 of
     the sequence) moved last, stably."""
     pp, two_p = batch.pcp_size, 2 * batch.pcp_size
-    out = [[] for _ in range(pp)]
+    out: list[list[tuple[bool, int, int, bool, bool]]] = [[] for _ in range(pp)]
     start = 0
     for request in batch.requests:
         q = request.num_tokens
@@ -307,6 +308,7 @@ def _rank_segments_v026(batch: Batch) -> list:
 def hidden_restore_index(lay: Layout, num_tokens: int) -> np.ndarray:
     """(N,) position of each global token's written copy in the padded gathered rows (the
     manager's hidden restore index: global = gathered[restore])."""
+    assert lay.gidx is not None and lay.wmask is not None  # expanded layouts only: drafts have none
     restore = np.zeros(num_tokens, dtype=_I64)
     written = np.flatnonzero(lay.wmask)
     restore[lay.gidx[written]] = written
@@ -336,6 +338,7 @@ def _draft_layout(batch: Batch, slots) -> Layout:
     pp = batch.pcp_size
     n = sum(r.num_tokens for r in batch.requests)
     rows = n + batch.dp_pad
+    nd: int | None  # draft-mixed: the batch's, None refused below
     if batch.regime == DRAFT:
         nd = n
     else:

@@ -65,7 +65,9 @@ MUTANTS = [
      "_D1 = tuple(regime for regime in REGIMES if regime != DCP)",
      "_D1 = tuple(regime for regime in REGIMES if regime not in (DCP, 'draft-mixed'))"),
     ("registry: SHARD applies nowhere", "spec/registry.py",
-     "blame=_cache_differs),\n)", "blame=_cache_differs),\n)[:-1] + (Invariant(SHARD, inv.shard, GLOBAL_PER_TENSOR, (), lambda step, k: ()),)"),
+     "blame=_cache_differs),\n)",
+     "blame=_cache_differs),\n)[:-1] + (Invariant(SHARD, inv.shard, GLOBAL_PER_TENSOR, (),"
+     " lambda step, k: ()),)"),
     ("evaluate: per-tensor checks only tensor 0", "spec/registry.py",
      "tensors = range(step.num_tensors) if entry.scope == PER_TENSOR else (None,)",
      "tensors = range(min(1, step.num_tensors)) if entry.scope == PER_TENSOR else (None,)"),

@@ -9,7 +9,8 @@ Each predicate returns True when the invariant holds.
 
 from __future__ import annotations
 
-from .names import INCOMPLETE, NO_ROW
+from .names import INCOMPLETE as INCOMPLETE  # re-exported: the registry reads inv.INCOMPLETE
+from .names import NO_ROW
 
 
 def returns(errors: list[str | None]) -> bool:
@@ -17,7 +18,7 @@ def returns(errors: list[str | None]) -> bool:
     return all(error is None for error in errors)
 
 
-def collective_agreement(traces: list[list[tuple]]) -> bool:
+def collective_agreement(traces: list[list[tuple[object, ...]]]) -> bool:
     """COLLECTIVE: every rank issues the same collectives, same count, same shapes and dtypes,
     and each one completes (a real run would hang or crash otherwise)."""
     if any(entry[0] == INCOMPLETE for trace in traces for entry in trace):
@@ -25,7 +26,7 @@ def collective_agreement(traces: list[list[tuple]]) -> bool:
     return all(trace == traces[0] for trace in traces)
 
 
-def no_input_mutation(before: list, after: list) -> bool:
+def no_input_mutation(before: list[bytes], after: list[bytes]) -> bool:
     """NO_MUTATION: each input's content (a digest per input) is unchanged by the call."""
     return before == after
 
@@ -79,7 +80,7 @@ def shard(owned: list[dict[int, int]], caches: list[dict[int, int]], tokens: lis
     return sorted(covered) == sorted(tokens)
 
 
-def layout_conformance(expected: dict, actual: dict) -> bool:
+def layout_conformance(expected: dict[str, object], actual: dict[str, object]) -> bool:
     """LAYOUT: a manager's layout of a step equals the reference's, field by field (plain lists:
     per-rank rows in order, decode counts, width, padded gather index, KV write mask, hidden
     restore index, replicated requests, expanded slot maps). A field the manager does not have

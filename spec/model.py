@@ -162,6 +162,7 @@ def draft_layout(batch: Batch) -> SpecLayout:
     pcp_size = batch.pcp_size
     num_tokens = sum(request.num_tokens for request in batch.requests)
     num_rows = num_tokens + batch.dp_pad
+    nd: int | None  # draft-mixed: the batch's, None refused below
     if batch.regime == DRAFT:
         nd = num_tokens
     else:
@@ -264,7 +265,7 @@ def all_gather(contributions: list[list[int] | None], rank: int) -> list[int]:
             raise ValueError("COLLECTIVE: ranks disagree on the all_gather")
     gathered: list[int] = []
     for peer in contributions:
-        gathered.extend(peer)
+        gathered.extend(peer)  # type: ignore[arg-type]  # the loop above raised on a None
     return gathered
 
 
@@ -303,7 +304,9 @@ def gather(
     return [gather_rank(rank, rows, slot_maps, nds, shard) for rank in range(len(rows))]
 
 
-def collective_trace(num_rows: int, num_slots: int, nd: int, shard: bool) -> list[tuple]:
+def collective_trace(
+    num_rows: int, num_slots: int, nd: int, shard: bool
+) -> list[tuple[str, int]]:
     """The collectives one rank issues per tensor: ("all_gather", rows sent), or none."""
     letter = branch(num_rows, num_slots, nd, shard)
     if letter in (BRANCH_SHARDED, BRANCH_NO_DECODE):

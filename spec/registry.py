@@ -11,8 +11,9 @@ plain data, the fields SPEC.md's "What is observable" lists.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from . import invariants as inv
 from .names import (
@@ -79,7 +80,7 @@ class Invariant:
     predicate: Callable[..., bool]
     scope: str
     regimes: tuple[str, ...]
-    arguments: Callable[..., tuple]  # (step, *unit) -> the predicate's arguments
+    arguments: Callable[..., tuple[Any, ...]]  # (step, *unit) -> the predicate's arguments
     needs_output: bool = False  # evaluated only on ranks whose call returned well-formed outputs
     blame: Callable[..., list[int]] | None = None  # global scopes: the ranks at fault
     checkers: tuple[str, ...] = (GATHER, RELEASE)
@@ -139,8 +140,10 @@ def evaluate(step: Step, regime: str) -> tuple[dict[str, list[int]], tuple[str, 
     ran: list[str] = []
     ranks = range(len(step.ranks))
     for entry in _applicable_gather(regime):
-        seen: list[tuple] = []  # the distinct arguments the predicate ran on, and
+        seen: list[tuple[Any, ...]] = []  # the distinct arguments the predicate ran on, and
         verdicts: list[bool] = []  # its result on each
+        units: list[tuple[Any, ...]]  # per rank: (rank, tensor or None); global: () or (tensor,)
+        unit: tuple[int, ...]  # what entry.arguments and entry.blame take after the step
         if entry.scope in (PER_RANK, PER_TENSOR):
             tensors = range(step.num_tensors) if entry.scope == PER_TENSOR else (None,)
             units = [(r, k) for r in ranks for k in tensors
@@ -153,13 +156,16 @@ def evaluate(step: Step, regime: str) -> tuple[dict[str, list[int]], tuple[str, 
             units = [()] if entry.scope == GLOBAL else [(k,) for k in range(step.num_tensors)]
             for unit in units:
                 if not _holds(entry, entry.arguments(step, *unit), seen, verdicts):
-                    failed.setdefault(entry.id, set()).update(entry.blame(step, *unit))
+                    # blame is never None here: every global entry names one
+                    failed.setdefault(entry.id, set()).update(entry.blame(step, *unit))  # type: ignore[misc]
         if units:
             ran.append(entry.id)
     return {i: sorted(failed[i]) for i in IDS if i in failed}, tuple(ran)
 
 
-def _holds(entry: Invariant, arguments: tuple, seen: list[tuple], verdicts: list[bool]) -> bool:
+def _holds(
+    entry: Invariant, arguments: tuple[Any, ...], seen: list[tuple[Any, ...]], verdicts: list[bool]
+) -> bool:
     """The entry's predicate on these arguments: run, or the verdict on equal ones seen before."""
     if arguments in seen:
         return verdicts[seen.index(arguments)]

@@ -98,6 +98,7 @@ def spawn_gloo():
                 for process in ctx.processes:
                     if process.is_alive():
                         process.kill()
-                pytest.fail(f"gloo workers hung: {'no CPU used for %g s' % STALL_SECONDS if stalled else 'over %g s of CPU' % CPU_SECONDS}")
+                pytest.fail("gloo workers hung: " + (f"no CPU used for {STALL_SECONDS:g} s" if stalled
+                                                     else f"over {CPU_SECONDS:g} s of CPU"))
 
     return spawn

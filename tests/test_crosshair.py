@@ -14,7 +14,7 @@ changing its messages and slowing the search about tenfold.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 from crosshair.core_and_libs import AnalysisKind, MessageType, analyze_function, run_checkables

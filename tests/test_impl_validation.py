@@ -18,8 +18,9 @@ import pathlib
 import re
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -95,10 +96,10 @@ class ThreadWorld:
         self.barrier = threading.Barrier(world_size, timeout=timeout)
         self.slots: list[Any] = [None] * world_size
 
-    def group(self, rank: int) -> "ThreadGroup":
+    def group(self, rank: int) -> ThreadGroup:
         return ThreadGroup(self, rank)
 
-    def run(self, fn: Callable[[int, "ThreadGroup"], Any]) -> list[tuple[Any, BaseException | None]]:
+    def run(self, fn: Callable[[int, ThreadGroup], Any]) -> list[tuple[Any, BaseException | None]]:
         results: list[Any] = [(None, None)] * self.world_size
 
         def target(rank: int) -> None:
@@ -317,7 +318,7 @@ CASES = [
 def run_case(case: Case) -> BaseException:
     try:
         case.call()
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:  # noqa: BLE001 - the case's exception is what it checks
         return exc
     raise AssertionError(f"{case.key}: no exception")
 
@@ -624,7 +625,7 @@ def call_with_timeout(fn, timeout=10.0):
     def target():
         try:
             box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             box["error"] = exc
 
     thread = threading.Thread(target=target, daemon=True)

@@ -244,6 +244,17 @@ def test_no_two_modules_are_named_alike():
         s for s in stems if singular.count(s[:-1] if s.endswith("s") else s) > 1)
 
 
+def test_each_public_name_is_defined_once():
+    """A public function or class is defined by one module of pcpcheck/ (each face's `main`, its
+    entry point by convention, aside)."""
+    where: dict[str, list[str]] = {}
+    for path in (ROOT / "pcpcheck").rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+                where.setdefault(node.name, []).append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert {name: places for name, places in where.items() if len(places) > 1 and name != "main"} == {}
+
+
 def test_no_import_circle():
     assert circles(graph()) == []
 

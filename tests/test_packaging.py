@@ -59,6 +59,8 @@ def test_the_wheel_installs_only_the_projects_own_names_with_spec_docs_and_licen
                for folder, name in FOLDERS.items() for path in (ROOT / folder).rglob("*.py")}
     docs = {f"pcpcheck/docs/{path.name}" for path in (ROOT / "docs").glob("*.md")}
     assert sources | docs | {"pcpcheck_spec/SPEC.md"} <= set(names), sorted(sources | docs - set(names))
+    # PEP 561: each package says it carries its annotations
+    assert {f"{name}/py.typed" for name in FOLDERS.values()} <= set(names)
     assert f"pcpcheck-{VERSION}.dist-info/licenses/LICENSE" in names
     metadata = zipfile.ZipFile(wheel).read(f"pcpcheck-{VERSION}.dist-info/METADATA").decode()
     assert "License-Expression: Apache-2.0" in metadata

@@ -21,14 +21,14 @@ torch_dist = pytest.importorskip("torch.distributed")
 if not torch_dist.is_available() or not torch_dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
-from pcpcheck.backends import make_backend  # noqa: E402
-from pcpcheck.faces import cli  # noqa: E402
-from pcpcheck.judge.run import run_case, run_cases  # noqa: E402
-from pcpcheck.search.engine import search  # noqa: E402
-from pcpcheck.shared.case import Case  # noqa: E402
-from pcpcheck.shared.errors import LoadError  # noqa: E402
-from pcpcheck.shared.results import EXIT_USAGE  # noqa: E402
-from pcpcheck_spec.names import COLLECTIVE, REGIMES, REPLICA  # noqa: E402
+from pcpcheck.backends import make_backend  # noqa: E402 - after the gloo check above
+from pcpcheck.faces import cli  # noqa: E402 - after the gloo check above
+from pcpcheck.judge.run import run_case, run_cases  # noqa: E402 - after the gloo check above
+from pcpcheck.search.engine import search  # noqa: E402 - after the gloo check above
+from pcpcheck.shared.case import Case  # noqa: E402 - after the gloo check above
+from pcpcheck.shared.errors import LoadError  # noqa: E402 - after the gloo check above
+from pcpcheck.shared.results import EXIT_USAGE  # noqa: E402 - after the gloo check above
+from pcpcheck_spec.names import COLLECTIVE, REGIMES, REPLICA  # noqa: E402 - after the gloo check above
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO_BUG = ROOT / "tests" / "zoo" / "bug04_truncated_slots.py"

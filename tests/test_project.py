@@ -182,3 +182,17 @@ def test_importing_impl_imports_no_part_of_the_checker():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_every_noqa_names_the_rule_it_waives_and_why():
+    """`# noqa: RULE - why` (ruff's RUF100 keeps each one needed; this keeps each one explained)."""
+    import tokenize
+    unexplained = []
+    for folder in ("pcpcheck", "spec", "reference", "impl", "tests", "benchmarks", "scripts"):
+        for path in (ROOT / folder).rglob("*.py"):
+            with path.open("rb") as handle:
+                for token in tokenize.tokenize(handle.readline):
+                    if (token.type == tokenize.COMMENT and "noqa" in token.string
+                            and not re.search(r"noqa: [A-Z]+\d+(, ?[A-Z]+\d+)* - \S", token.string)):
+                        unexplained.append(f"{path.relative_to(ROOT)}:{token.start[0]}: {token.string}")
+    assert unexplained == []

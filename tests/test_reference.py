@@ -337,7 +337,7 @@ def test_gather_branch_e_two_tensors():
     lab = [[9, 1, 2], [9, 3, -6]]
     s = np.array([90, 10, 20, -1, 30, -1])
     out = R.gather([as_tensors(x) for x in lab], [s, s], [1, 1], False)
-    for r, (tensors, slots) in enumerate(out):
+    for tensors, slots in out:
         assert_rows(tensors, [9, 1, 2, 3, -6])
         assert slots.tolist() == [90, 10, 20, 30, -1]
 

@@ -77,8 +77,10 @@ def test_hypothesis_shrinks_what_the_generation_found(backend):
     first = next(o for o in seen if o.violations)
     [shrunk] = result.counterexamples
     assert shrunk.violations[0].invariant == REPLICA
-    size = lambda o: (o.prepared.case.batch.pcp_size, len(o.prepared.case.batch.requests),  # noqa: E731
-                      sum(r.num_tokens for r in o.prepared.case.batch.requests))
+    def size(o):
+        batch = o.prepared.case.batch
+        return batch.pcp_size, len(batch.requests), sum(r.num_tokens for r in batch.requests)
+
     assert size(shrunk) < size(first), (describe(first.prepared.case), describe(shrunk.prepared.case))
 
 

@@ -233,11 +233,11 @@ def test_the_release_sort_is_fed_by_its_parameter_names():
     """0.26-0.28's sort takes no draft tokens, 0.29 on do (their keys as the wheels ship them);
     a parameter pcpcheck cannot give is drift, one line."""
     def sort_026(num_tokens_per_req, decode_query_len):
-        key = lambda r: ((num := num_tokens_per_req[r]) != decode_query_len, num)  # noqa: E731
+        key = lambda r: ((num := num_tokens_per_req[r]) != decode_query_len, num)  # noqa: E731 - as vLLM writes it
         return sorted(num_tokens_per_req, key=key)
 
     def sort_029(num_tokens_per_req, draft_tokens, decode_query_len):
-        key = lambda r: (not draft_tokens.get(r),  # noqa: E731
+        key = lambda r: (not draft_tokens.get(r),  # noqa: E731 - as vLLM writes it
                          (num := num_tokens_per_req[r]) != decode_query_len, num)
         return sorted(num_tokens_per_req, key=key)
 

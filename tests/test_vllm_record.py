@@ -161,13 +161,13 @@ def recorded_through(version, cases, tmp_path, monkeypatch, plugins_loader):
                         getattr(release.gather_module, record.MLA_WRAPPER))
     # triton's interpreter (the release's slot kernel) is not thread-safe: the ranks lay their
     # steps out in turn, and meet only at the gather's collectives
-    lock, rank_inputs = threading.Lock(), step_module.rank_inputs
+    lock, rank_layout = threading.Lock(), step_module.rank_layout
 
     def in_turn(*args):
         with lock:
-            return rank_inputs(*args)
+            return rank_layout(*args)
 
-    monkeypatch.setattr(step_module, "rank_inputs", in_turn)
+    monkeypatch.setattr(step_module, "rank_layout", in_turn)
     monkeypatch.setattr(record, "_RECORDER", None)
     monkeypatch.setenv(record.ENV_DIR, str(tmp_path / "rec"))
     monkeypatch.setenv(record.ENV_BLOCK_SIZE, str(BLOCK))

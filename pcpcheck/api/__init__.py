@@ -16,9 +16,9 @@ JUnit, HTML and reproducers are renderings of a result, pcpcheck.shared.results)
 - process.py: what a command sets up for its own process.
 """
 
-from pcpcheck.api.process import prefork, torchrun_session, use_cache_dir
-from pcpcheck.api.release import check_release, check_steps, load_release, release_record, replay_release
 from pcpcheck.api.common import Progress, read_case
+from pcpcheck.api.process import prefork, torchrun_session, use_cache_dir
+from pcpcheck.api.release import check_release, check_steps, release_info, release_record, replay_release
 from pcpcheck.api.target import check, default_jobs, diff, replay, replay_case
 from pcpcheck.shared.errors import CheckerError, InterfaceDrift, LoadError, SourceError, UsageError, WorkerError
 from pcpcheck.shared.results import (
@@ -34,7 +34,7 @@ from pcpcheck.shared.results import (
 )
 
 __all__ = ["check", "check_release", "check_steps", "diff", "replay", "replay_case",
-           "replay_release", "read_case", "release_record", "load_release", "default_jobs",
+           "replay_release", "read_case", "release_record", "release_info", "default_jobs",
            "prefork", "use_cache_dir", "torchrun_session", "Progress", "CheckResult",
            "Counterexample", "DiffResult", "RegimeDiff", "RegimeSummary", "ReleaseRecord",
            "Options", "Verdict", "version", "UsageError", "LoadError", "SourceError",

@@ -8,7 +8,15 @@ import json
 import os
 
 from pcpcheck.api import assemble
-from pcpcheck.api.common import Progress, exhaustive_scope, make_runner, one_after_another, one_case, read_case, validate
+from pcpcheck.api.common import (
+    Progress,
+    exhaustive_scope,
+    make_runner,
+    one_after_another,
+    one_case,
+    read_case,
+    validate,
+)
 from pcpcheck.judge.baseline import Baseline, load_baseline
 from pcpcheck.search import scope as scopes
 from pcpcheck.shared.defaults import DEFAULT_MAX_RANKS, DEFAULT_RELEASE_EXAMPLES, DEFAULT_TIMEOUT
@@ -48,7 +56,7 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
     spec = resolve(os.fspath(source)).spec()  # finds or fetches the files; executes nothing
     progress = progress or Progress()
     with make_runner("threads", timeout=timeout, world_sizes=None, device="cpu") as backend:
-        release = load_release(backend, spec)
+        release = release_info(backend, spec)
         progress.started(release, options)
         results = one_after_another(
             options, progress, lambda regime, share, on_case, on_wait: search_regime(
@@ -62,7 +70,7 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
                            release=release_record(release))
 
 
-def load_release(backend, spec: dict):
+def release_info(backend, spec: dict):
     """The release loaded in the backend's worker: its ReleaseInfo (plain data)."""
     return backend.load(json.dumps(spec, sort_keys=True), RELEASE)
 
@@ -89,7 +97,7 @@ def check_steps(source, steps, *, timeout: float = DEFAULT_TIMEOUT, shrink: bool
     recorded = read_recording(steps)
     spec = resolve(os.fspath(source)).spec()
     with make_runner("threads", timeout=timeout, world_sizes=None, device="cpu") as backend:
-        release = load_release(backend, spec)
+        release = release_info(backend, spec)
         findings, judged = replay_steps(release, recorded, backend, shrink=shrink)
     version = release.release["release"]
     return StepsResult(target_name=f"vLLM {version} ({spec['location']})", source=spec["location"],
@@ -108,7 +116,7 @@ def replay_release(source, case, *, timeout: float = DEFAULT_TIMEOUT) -> CheckRe
         case = read_case(case)
     spec = resolve(os.fspath(source)).spec()
     with make_runner("threads", timeout=timeout, world_sizes=None, device="cpu") as backend:
-        release = load_release(backend, spec)
+        release = release_info(backend, spec)
         observation = observe_release_case(case, release, backend)
     options = Options(regimes=(case.batch.regime,), max_examples=1, max_ranks=case.batch.pcp_size,
                       timeout=timeout)

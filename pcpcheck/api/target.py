@@ -28,16 +28,19 @@ from pcpcheck.search import scope as scopes
 from pcpcheck.search.engine import RegimeResult, search
 from pcpcheck.search.exhaustive import exhaust
 from pcpcheck.search.jobs import search_in_parallel
-from pcpcheck.shared.defaults import DEFAULT_BACKEND, DEFAULT_DEVICE, DEFAULT_MAX_EXAMPLES, DEFAULT_MAX_RANKS, DEFAULT_TIMEOUT
-from pcpcheck.shared.errors import CheckerError, InterfaceDrift, LoadError, SourceError, UsageError, WorkerError
+from pcpcheck.shared.defaults import (
+    DEFAULT_BACKEND,
+    DEFAULT_DEVICE,
+    DEFAULT_MAX_EXAMPLES,
+    DEFAULT_MAX_RANKS,
+    DEFAULT_TIMEOUT,
+)
+from pcpcheck.shared.errors import UsageError
 from pcpcheck.shared.results import (
     CheckResult,
-    Counterexample,
     DiffResult,
     Options,
     RegimeDiff,
-    RegimeSummary,
-    ReleaseRecord,
     Verdict,
     version,
 )

@@ -64,7 +64,7 @@ class Backend:
         for prepared in prepareds:
             yield self.run(prepared, target)
 
-    def twin(self) -> "Backend | None":
+    def twin(self) -> Backend | None:
         """Another backend like this one, with workers of its own and this one's targets
         loaded, to run cases beside it (a replay in the same wait as the run); None where
         there can be none. The caller closes it."""
@@ -116,7 +116,7 @@ class BatchedBackend(Backend):
     def __init__(self, timeout: float):
         super().__init__(timeout)
         self._owed: dict = {}  # channel -> results sent for and not received
-        self._stream = None
+        self._stream: object = None  # the run_many stream that owns the backend
 
     def load(self, source: str, function: str | None = None) -> TargetInfo:
         self._settle()  # a worker answers in order: owed results come before "loaded"

@@ -131,17 +131,18 @@ class DistributedBackend(BatchedBackend):
         for rank, worker in enumerate(ranks_pool.workers):
             worker.send(*protocol.cases_request(prepareds, target, [rank]))
 
-    def _receive(self, size: int, _, careful: bool):
-        ranks_pool = self._pools[size]
+    def _receive(self, key: int, size: int, careful: bool):
+        # a pool's key is its world size: `size` (0 when draining owed results) is not read
+        ranks_pool = self._pools[key]
         # Alone in flight, no rank can be in a later case: one that looks so is not watched
         # (a status a target forged would otherwise have this case run again and again).
         outcomes = pool.wait_results(ranks_pool.workers, self.timeout, GRACE, watch=not careful,
                                      on_slow=self.on_slow)
-        outcomes = [outcomes[rank] for rank in range(size)]  # arrival order -> rank order
+        outcomes = [outcomes[rank] for rank in range(key)]  # arrival order -> rank order
         results = [protocol.read_result(outcome[1], outcome[2])[0]
                    if outcome[0] == "result" else None for outcome in outcomes]
         if all(result is not None and not result.poisoned for result in results):
-            self._received(size)
+            self._received(key)
             return "result", results
         # A rank that hung in a later case, or a group that failed (a peer may have died in a
         # later case) while other cases were in flight: not this case's doing.
@@ -150,7 +151,7 @@ class DistributedBackend(BatchedBackend):
             self._retire(ranks_pool)
             return "retry", None
         hung = [o[1] for o in outcomes if o[0] == "hung"]
-        for rank in range(size):
+        for rank in range(key):
             if results[rank] is not None:
                 continue
             outcome = outcomes[rank]

@@ -57,6 +57,7 @@ class _Server:
             if not data:  # the driver is gone
                 break
             kind, request = protocol.read_fork_request(json.loads(data))
+            reply: dict[str, int | None]  # wait: None, the driver went first
             if kind == protocol.SPAWN:
                 reply = {"pid": self._spawn(request, fds)}
             else:
@@ -163,8 +164,8 @@ def _preload() -> None:
     """Everything a worker imports before it loads a target."""
     import torch.distributed  # noqa: F401 - gloo and nccl workers join a group
 
-    import pcpcheck.worker.loader  # noqa: F401 - the worker's load path
-    import pcpcheck.worker.main  # noqa: F401
+    import pcpcheck.worker.loader
+    import pcpcheck.worker.main  # noqa: F401 - the worker itself
 
 
 def _run(sock: socket.socket) -> None:
@@ -258,6 +259,7 @@ class ForkServer:
             self._stop()
 
     def _request(self, message: dict, fds=()) -> dict | None:
+        assert self._sock is not None  # the server was started (_started, or _ready)
         try:
             _send(self._sock, message, fds)
             data = self._sock.recv(_MESSAGE_BYTES)
@@ -302,6 +304,7 @@ class ForkServer:
             return None
         self._sock.close()
         pid, self._sock, self._ready, self.pid = self.pid, None, False, None
+        assert pid is not None  # set with the socket
         ForkServer.pids.discard(pid)
         process, self._process = self._process, None
         deadline = time.monotonic() + 5.0

@@ -25,7 +25,7 @@ from pcpcheck.shared.defaults import MAX_RANKS
 from pcpcheck.shared.protocol import MAX_OUTPUT, STATUS
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # what makes `pcpcheck` importable
-_LIVE: dict[int, "WorkerProcess"] = {}  # pid -> worker, for the exit handler and orphan reaping
+_LIVE: dict[int, WorkerProcess] = {}  # pid -> worker, for the exit handler and orphan reaping
 _WORKSPACES: set[str] = set()  # directories not removed yet (a backend never closed)
 FORK_SERVER = ForkServer()  # this process's
 SERVER_STARTUP = 120.0  # seconds for the fork server to start (import torch)

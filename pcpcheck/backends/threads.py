@@ -12,8 +12,8 @@ from __future__ import annotations
 from pcpcheck.backends import pool
 from pcpcheck.backends.base import GRACE, LOAD_TIMEOUT, STARTUP_TIMEOUT, BatchedBackend
 from pcpcheck.shared import protocol, wire
-from pcpcheck.shared.errors import LoadError
 from pcpcheck.shared.defaults import DEFAULT_DEVICE, DEFAULT_TIMEOUT, MAX_RANKS
+from pcpcheck.shared.errors import LoadError
 from pcpcheck.shared.protocol import NOT_STARTED, WAITING, RankResult, TargetInfo
 
 
@@ -71,7 +71,7 @@ class ThreadsBackend(BatchedBackend):
             self._retire()  # a target that failed to load may have left anything behind
             raise
 
-    def twin(self) -> "ThreadsBackend":
+    def twin(self) -> ThreadsBackend:
         other = ThreadsBackend(self.timeout, self.device, self.load_timeout)
         for source, function in self._targets:
             other.load(source, function)
@@ -89,6 +89,7 @@ class ThreadsBackend(BatchedBackend):
         """The next case's results, or its verdict if the worker hung or died in it (the worker
         runs the cases of a batch in order: the one not reported is the one that ran)."""
         worker = self._worker
+        assert worker is not None  # _send started it; _retire drops what it owed
         outcome = pool.wait_results([worker], self.timeout, GRACE, on_slow=self.on_slow)[0]
         if outcome[0] == "result":
             self._received(key)

@@ -19,12 +19,16 @@ import datetime
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from pcpcheck.backends import pool
 from pcpcheck.backends.base import GRACE, STARTUP_TIMEOUT, Backend
 from pcpcheck.shared import protocol, wire
 from pcpcheck.shared.errors import WorkerError
 from pcpcheck.shared.protocol import RankResult, TargetInfo
+
+if TYPE_CHECKING:  # annotations only: torch.distributed is imported where a store starts
+    from torch.distributed import TCPStore
 
 _FOREVER = datetime.timedelta(days=1)
 
@@ -148,9 +152,12 @@ class Session:
         self.rank = int(os.environ.get("RANK", "0"))
         self.size = int(os.environ.get("WORLD_SIZE", "1"))
         self.runner: TorchrunBackend | None = None
+        self._workspace: pool.Workspace | None
+        self._store: TCPStore | None
+        self._worker: pool.WorkerProcess | None
         self._workspace = self._store = self._worker = None
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         self._workspace = pool.Workspace("torchrun")
         self._store = _store()
         self._worker = _start_worker(self._workspace, self.backend, self.timeout)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TextIO, cast
 
 __all__ = ["command", "main"]
 
@@ -45,7 +46,7 @@ def command() -> int:
         # Raised inside exec() of a string (dataclasses and namedtuple build their methods so),
         # a KeyboardInterrupt sets a flag that makes CPython end the process by SIGINT at exit,
         # even once handled; any exec() resets it.
-        exec("")  # noqa: S102
+        exec("")
         if code != INTERRUPTED:
             print("pcpcheck: interrupted", file=sys.stderr)
             return INTERRUPTED
@@ -77,7 +78,8 @@ def _main(argv: list[str], prefork: bool) -> int:
         print(f"pcpcheck: {error_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # the reader went away (`pcpcheck | head`): nothing left to say
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
+        stdout = cast(TextIO, sys.__stdout__)  # the pipe that broke is stdout
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
         return EXIT_USAGE
     except OSError as exc:
         print(f"pcpcheck: cannot write {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)

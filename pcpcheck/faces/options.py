@@ -6,10 +6,17 @@ from __future__ import annotations
 
 import argparse
 
+from pcpcheck.shared.defaults import (
+    DEFAULT_BACKEND,
+    DEFAULT_DEVICE,
+    DEFAULT_MAX_EXAMPLES,
+    DEFAULT_MAX_RANKS,
+    DEFAULT_RELEASE_EXAMPLES,
+    DEFAULT_TIMEOUT,
+    MAX_RANKS,
+    MIN_RANKS,
+)
 from pcpcheck.shared.errors import UsageError
-from pcpcheck.shared.defaults import (DEFAULT_BACKEND, DEFAULT_DEVICE, DEFAULT_MAX_EXAMPLES,
-                                      DEFAULT_MAX_RANKS, DEFAULT_RELEASE_EXAMPLES, DEFAULT_TIMEOUT,
-                                      MAX_RANKS, MIN_RANKS)
 from pcpcheck.shared.results import version
 from pcpcheck_spec.names import DEFAULT_REGIMES, HAZARD_REGIMES, REGIMES
 

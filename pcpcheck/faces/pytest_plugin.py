@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import random
+from typing import cast
 
 import pytest
 
@@ -43,7 +44,7 @@ def pytest_addoption(parser) -> None:
 def _host_options(config) -> dict:
     """max_examples and seed as the host suite's hypothesis settings say."""
     from hypothesis import settings
-    profile = settings.default
+    profile = cast(settings, settings.default)  # None only while hypothesis is importing
     seed = config.getoption("hypothesis_seed", default=None)
     if seed is not None:
         seed = int(seed)
@@ -134,7 +135,7 @@ class CheckItem(pytest.Item):
         self.regime, self.invariant = regime, invariant
 
     def runtest(self) -> None:
-        result = self.parent.result()
+        result = cast(TargetCollector, self.parent).result()  # it made this item
         state, counterexample = result.outcome(self.regime, self.invariant)
         if state in ("n/a", "known"):
             from pcpcheck.render.junit import skip_reason

@@ -55,7 +55,7 @@ def token_table(observation) -> list[str]:
     """Which token belongs to which request and slot(s), one line per request."""
     batch = observation.prepared.case.batch
     lines, token = [], 0
-    owners = {}
+    owners: dict[int, list[str]] = {}
     for rank, expected in enumerate(observation.prepared.expected):
         for slot, tok in expected.items():
             owners.setdefault(tok, []).append(f"{slot}" + (f"@r{rank}" if batch.regime == DCP else ""))

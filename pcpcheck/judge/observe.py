@@ -6,6 +6,7 @@ the kernel rule leaves (spec.model.write, never impl's), what it printed and did
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
@@ -49,7 +50,8 @@ def decode_rows(tensor: torch.Tensor, tensor_index: int, valid: np.ndarray,
     rows = as_bytes(tensor)
     if content is None and rows.shape[0] and valid.size:
         content = row_content(valid, tensor_index, rows.shape[1])
-    return _labels_of(rows, valid, content)
+    # still None only with no rows or no labels, where _labels_of reads no content
+    return _labels_of(rows, valid, cast(np.ndarray, content))
 
 
 def _labels_of(rows: np.ndarray, valid: np.ndarray, content: np.ndarray) -> list[int]:

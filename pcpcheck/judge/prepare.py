@@ -46,7 +46,8 @@ class Prepared:
     """Everything derived from a case before the target runs."""
 
     case: Case
-    tokens: np.ndarray  # (P, L) input row labels
+    # input row labels: (P, L), or one array per rank (a release's ranks report their own)
+    tokens: np.ndarray | list[np.ndarray]
     sources: list[list[np.ndarray]]  # [rank][tensor] pristine input bytes (L, row_bytes)
     slot_maps: list[np.ndarray]
     nds: list[int]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -132,6 +133,7 @@ def judge_release_case(case: Case, results, release: ReleaseInfo) -> ReleaseObse
                 layout_bad.append(rank)
                 diffs[rank] = differences(want, step["layout"])
         views.append(observe(prepared, rank, result))  # a rank that never reported: its trace says
+    checked: tuple[str, ...]
     if any(step is not None and step.get("layout_error") for step in steps):
         violations = [Violation(LAYOUT if expanded else RETURNS, layout_bad or [
             r for r, s in enumerate(steps) if s is not None and s.get("layout_error")])]
@@ -228,13 +230,14 @@ def reference_view(batch: Batch, era: str, with_replicated: bool = True) -> dict
     lay = reference.layout(batch, era=era)
     pp, width = batch.pcp_size, lay.width
     n = sum(r.num_tokens for r in batch.requests)
-    gidx = lay.gidx.tolist()
+    # gidx and wmask: an expanded regime's layout has them (a draft regime's has None)
+    gidx = cast(np.ndarray, lay.gidx).tolist()
     view = {
         "rows": [gidx[r * width: r * width + int(lay.counts[r])] for r in range(pp)],
         "num_decode_tokens": [int(v) for v in lay.num_decode_tokens],
         "width": width,
         "gidx": gidx,
-        "wmask": lay.wmask.tolist(),
+        "wmask": cast(np.ndarray, lay.wmask).tolist(),
         "restore": reference.hidden_restore_index(lay, n).tolist(),
     }
     if with_replicated:

@@ -15,6 +15,7 @@ import os
 from pcpcheck.judge.explain import label
 from pcpcheck.render.report import cell
 from pcpcheck.shared.case import describe
+from pcpcheck.shared.results import Counterexample
 from pcpcheck_spec.registry import GATHER_IDS, RELEASE_IDS
 
 BANNER = "#c8102e"  # the violated invariant's banner: tests look for this colour in a screenshot
@@ -163,7 +164,7 @@ def _grids(observation) -> str:
     return "".join(parts)
 
 
-def index_page(result, pages: list[tuple[str, object]]) -> str:
+def index_page(result, pages: list[tuple[str, Counterexample]]) -> str:
     verdict = "holds" if result.holds else "VIOLATED"
     body = [f'<div class="banner" style="background: {"#2e7d32" if result.holds else BANNER}">'
             f"pcpcheck: {verdict} <small>{html.escape(result.target_name)}</small></div>",

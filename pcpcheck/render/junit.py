@@ -47,4 +47,5 @@ def junit_xml(result) -> str:
     suite.set("skipped", str(counts["skipped"]))
     suite.set("errors", "0")
     suite.set("time", f"{sum(s.seconds for s in result.regimes):.3f}")
-    return ET.tostring(ET.ElementTree(suite).getroot(), encoding="unicode", xml_declaration=True)
+    tree: ET.ElementTree[ET.Element] = ET.ElementTree(suite)
+    return ET.tostring(tree.getroot(), encoding="unicode", xml_declaration=True)

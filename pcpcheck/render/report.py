@@ -71,8 +71,8 @@ def result_text(result) -> str:
         lines += ["", LEGEND]
     for number, index in enumerate(shown, 1):
         counterexample = result.counterexamples[index]
-        known = " (known: in the baseline)" if counterexample.known else ""
-        lines += ["", f"Counterexample {number}{known}: {counterexample.report}"]
+        baselined = " (known: in the baseline)" if counterexample.known else ""
+        lines += ["", f"Counterexample {number}{baselined}: {counterexample.report}"]
         folded = folded_line([f"{c.invariant} in {c.regime}"
                               for c in result.counterexamples if c.folded_into == index])
         if folded:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import random
 
 from hypothesis import strategies as st
 
 import pcpcheck_reference as reference
-from pcpcheck.shared.defaults import DEFAULT_MAX_RANKS, MAX_RANKS, MIN_RANKS
 from pcpcheck.shared.case import DTYPES, Case, TensorSpec
+from pcpcheck.shared.defaults import DEFAULT_MAX_RANKS, MAX_RANKS, MIN_RANKS
 from pcpcheck_spec import model
 from pcpcheck_spec.names import DCP, DRAFT_DECODE_THRESHOLD, DRAFT_MIXED, DRAFT_REGIMES, REGIMES, Batch, Request
 
@@ -120,7 +121,7 @@ class RandomChooser:
     An integer is uniform except that either bound comes 1 time in 16, as hypothesis favours
     boundary values."""
 
-    def __init__(self, rng):
+    def __init__(self, rng: random.Random) -> None:
         self.rng = rng
         self.choices: list = []
 
@@ -189,7 +190,7 @@ def _request(choose, regime: str, pcp_size: int, block_span: int) -> tuple[int, 
 
 def _requests(choose, regime: str, pcp_size: int, block_size: int, dcp_size: int):
     block_span = block_size * dcp_size
-    drawn = []
+    drawn: list[tuple[int, bool, int]] = []
     # A list, not a drawn count: the shrinker deletes whole requests (no leftover empty request).
     while _more(choose, len(drawn), 1 if regime == DRAFT_MIXED else 0, MAX_REQUESTS):
         drawn.append(choose.group(_request, regime, pcp_size, block_span))
@@ -240,7 +241,7 @@ def _build(choose, regimes, max_ranks: int, pcp_sizes) -> Case:
     elif choose.boolean():  # graph padding: a few rows past the widest rank
         widest = int(reference.layout(batch).counts.max(initial=0))
         batch = dataclasses.replace(batch, graph_size=widest + choose.integer(1, 3))
-    specs = []
+    specs: list[TensorSpec] = []
     while _more(choose, len(specs), 1, MAX_TENSORS_DRAWN):
         specs.append(_pick(choose, TENSOR_SPECS))
     return Case(batch, tuple(specs))

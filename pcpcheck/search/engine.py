@@ -5,7 +5,7 @@ builder as the hypothesis strategy, 10-20x cheaper per case than a hypothesis ex
 streams them through the backend, several in flight. The smallest case violating each invariant
 goes to hypothesis as a stored example (its choices); hypothesis replays it and shrinks it.
 
-After the search each counterexample's case runs again (pcpcheck.search.minimize.replay): a violation
+After the search each counterexample's case runs again (pcpcheck.search.minimize.replay_counterexample): a violation
 that its own replays do not always show is flaky (the target does not behave the same on the same
 case), and the report says so rather than presenting it as an ordinary, shrunk case.
 
@@ -28,7 +28,7 @@ import unittest
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
@@ -38,15 +38,17 @@ from pcpcheck.judge import coverage
 from pcpcheck.judge.run import run_cases
 from pcpcheck.judge.verdict import Observation
 from pcpcheck.search.draw import cases, draw_case
-from pcpcheck.search.minimize import Replays, reduced, replay, scan
+from pcpcheck.search.minimize import Replays, reduced, replay_counterexample, scan
 from pcpcheck.search.reduce import size
-from pcpcheck.shared.defaults import DEFAULT_MAX_RANKS
 from pcpcheck.shared.case import Case
+from pcpcheck.shared.defaults import DEFAULT_MAX_RANKS
 from pcpcheck.shared.errors import CheckerError
 from pcpcheck.shared.protocol import TargetInfo
 from pcpcheck_spec.registry import IDS
 
 if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
     from pcpcheck.backends.base import Backend
 
 
@@ -319,7 +321,8 @@ class Search:
         short."""
         strategy = cases(regimes=(self.regime,), max_ranks=self.max_ranks, pcp_sizes=self.pcp_sizes)
         if self.transform is not None:
-            strategy = strategy.map(self.transform).filter(lambda case: case is not None)
+            strategy = cast("SearchStrategy[Case]",  # the filter drops what the transform drops
+                            strategy.map(self.transform).filter(lambda case: case is not None))
 
         attempts, began = [0], time.perf_counter()
 
@@ -362,12 +365,14 @@ class Search:
             if failures is not None:
                 raise CheckerError(f"pcpcheck failed while checking: {failures.exceptions[0]!r}") \
                     from failures.exceptions[0]
-            violations = list(caught.exceptions)
+            # no failures: caught is the whole group, which hypothesis raises flat
+            exceptions = cast("BaseExceptionGroup[InvariantViolated]", caught).exceptions
+            violations = list(cast("tuple[InvariantViolated, ...]", exceptions))
         except unittest.SkipTest:  # no stored case failed again (a flaky target): nothing shrunk
             pass
         except CheckerError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a failure of pcpcheck itself, never a verdict
+        except Exception as exc:
             raise CheckerError(f"pcpcheck failed while checking: {exc!r}") from exc
         return {exc.observation.violations[0].invariant: exc.observation for exc in violations}
 
@@ -390,11 +395,11 @@ class Search:
         return reduced(observation, self.target, self.runner, self.run_many, self.sizes, attempt)
 
     def replays(self, observation: Observation) -> Replays:
-        """The replay its scan ran beside it, else minimize.replay's."""
+        """The replay its scan ran beside it, else minimize.replay_counterexample's."""
         if id(observation) in self.replayed:
             return self.replayed[id(observation)]
         self.phase = "replaying the counterexample"
-        return replay(observation, self.target, self.runner, self.run_many)
+        return replay_counterexample(observation, self.target, self.runner, self.run_many)
 
 
 class _Stored(ExampleDatabase):

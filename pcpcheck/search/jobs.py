@@ -15,8 +15,9 @@ import os
 import signal
 import time
 from collections import Counter
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
 from types import SimpleNamespace
+from typing import cast
 
 from pcpcheck.shared.lifetime import die_with_parent
 
@@ -100,7 +101,7 @@ def search_in_parallel(count: int, jobs: int, open_backend, search_regime, *, bu
     active = [conn for _, conn in drivers]  # not yet told to end
     try:
         while any(r is None for r in results):
-            ready = wait(active)
+            ready = cast("list[Connection]", wait(active))  # it returns what it was given
             for conn in ready:
                 try:
                     message = conn.recv()

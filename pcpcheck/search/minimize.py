@@ -7,7 +7,7 @@ shows it again, then its own case runs again to tell a flaky target from a stead
   worker) is not shrunk by hypothesis, whose every attempt could cost as much: its smaller cases
   (reduce.ascending) are tried in order of size, each beside its replay on a twin backend, so the
   first that shows it again is the smallest tried and its replay ran in the same wait.
-- `replay`: the counterexample's case REPLAYS more times (a costly one once); a violation its own
+- `replay_counterexample`: the counterexample's case REPLAYS more times (a costly one once); a violation its own
   replays do not always show is flaky.
 What cut a phase short is the counterexample's `note`, which the report prints.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pcpcheck.judge.run import run_cases
@@ -42,7 +43,7 @@ def _shows(observation, invariant: str) -> bool:
     return bool(observation.violations) and observation.violations[0].invariant == invariant
 
 
-def replay(observation: Observation, target, runner, run_many=run_cases) -> Replays:
+def replay_counterexample(observation: Observation, target, runner, run_many=run_cases) -> Replays:
     """The counterexample's case run REPLAYS more times (a costly one once: each run costs a
     timeout or a worker); a replay that hangs or kills its worker ends them."""
     runs = 1 if observation.costly else REPLAYS
@@ -130,7 +131,8 @@ def scan(observation: Observation, target, runner, run_many, sizes, *, transform
     return found, (None if again is None else Replays(1, int(_shows(again, invariant))))
 
 
-def _beside(cases, target, runner, twin, run_many):
+def _beside(cases, target, runner, twin, run_many
+            ) -> Iterator[tuple[Observation, Observation | None]]:
     """(observation on runner, observation on twin or None) per case, one case at a time on
     both backends at once (the twin's in a thread: both mostly wait on their workers), so a
     case that hangs on both costs one wait, and nothing is left in flight when the caller stops."""

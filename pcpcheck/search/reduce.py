@@ -60,7 +60,7 @@ def smaller(case: Case, pcp_sizes=None):
     fewer = [p for p in (pcp_sizes or range(2, batch.pcp_size)) if 2 <= p < batch.pcp_size]
     if fewer:
         candidates.append(dataclasses.replace(batch, pcp_size=max(fewer)))
-    for i, request in enumerate(batch.requests):
+    for i in range(len(batch.requests)):
         others = batch.requests[:i] + batch.requests[i + 1:]
         candidates.append(dataclasses.replace(batch, requests=others))
     for i, request in enumerate(batch.requests):

@@ -92,6 +92,8 @@ def parse_scope(text: str) -> Scope:
             raise ValueError(f"scope: {part!r} is not KEY=VALUE with KEY one of {', '.join(_KEYS)}")
         name, kind = _KEYS[key]
         low, high = _LIMITS[name]
+        parsed: int | tuple[int, ...]
+        numbers: tuple[int, ...]
         try:
             if kind == "int":
                 parsed = int(value)

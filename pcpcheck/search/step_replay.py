@@ -188,7 +188,7 @@ def case_of(step: RecordedStep) -> Case:
     return case
 
 
-def _in_release_order(cases, release, backend):
+def _run_in_release_order(cases, release, backend):
     """run_release_cases on cases in the release's batch order (a shrunk step stays one the
     model runner could hand the manager)."""
     return run_release_cases((dataclasses.replace(c, batch=release_order(c.batch)) for c in cases),
@@ -238,7 +238,7 @@ def replay_steps(release: ReleaseInfo, steps: list[RecordedStep], backend, *,
         if observation.violations:
             regime = observation.prepared.case.batch.regime
             if shrink:
-                observation = reduced(observation, release, backend, _in_release_order)
+                observation = reduced(observation, release, backend, _run_in_release_order)
             first = observation.violations[0].invariant
             findings.append(Finding(step=step.step, kind=first,
                                     text=f"step {step.step} ({step.where}): "

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,7 +54,7 @@ class Case:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
 
     @staticmethod
-    def from_json(text: str) -> "Case":
+    def from_json(text: str) -> Case:
         """The case a JSON text describes, field for field; ValueError (one line naming the
         field) for malformed JSON or a missing or unknown field. The values are not checked
         here: pcpcheck.search.draw.parse_case also checks the spec's preconditions."""
@@ -82,13 +83,14 @@ _BATCH_OPTIONAL = ("block_size", "interleave", "graph_size", "dp_pad", "pad_slot
                    "num_decode_tokens")
 
 
-def _list(value, name: str) -> list:
+def _list(value: object, name: str) -> list[Any]:
     if not isinstance(value, list):
         raise ValueError(f"{name} must be a list, got {value!r}")
     return value
 
 
-def _fields(data, name: str, required, optional) -> dict:
+def _fields(data: object, name: str, required: tuple[str, ...], optional: tuple[str, ...]
+            ) -> dict[str, Any]:
     """The fields of a JSON object, every required one present and no unknown one."""
     if not isinstance(data, dict):
         raise ValueError(f"{name} must be an object, got {data!r}")

@@ -9,7 +9,7 @@ import signal
 PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_CHILD_SUBREAPER = 1, 15, 36
 
 
-def prctl(option: int, value) -> None:
+def prctl(option: int, value: int | bytes) -> None:
     """prctl(option, value); nothing where there is no prctl (not Linux)."""
     try:
         import ctypes

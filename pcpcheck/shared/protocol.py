@@ -25,12 +25,19 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+import torch
 
 from pcpcheck.shared import wire
 from pcpcheck.shared.defaults import MAX_RANKS
 from pcpcheck.shared.errors import InterfaceDrift, LoadError, SourceError
 from pcpcheck_spec.names import DCP, INCOMPLETE
+
+if TYPE_CHECKING:  # annotations only
+    from pcpcheck.shared.case import Case
 
 MAX_OUTPUT = 4000  # bytes of a rank's printing kept per case
 STATUS = struct.Struct(f"<qd{MAX_RANKS}d{MAX_RANKS}b")  # running rank, since, seconds/rank, states
@@ -72,18 +79,46 @@ class ReleaseInfo(TargetInfo):
     release, source (spec), files (relpath -> sha256), adapted, caps (Capabilities' fields),
     paths (the path table: per stage, real with its file and sha256 or modeled with why)."""
 
-    release: dict = field(default_factory=dict)
+    release: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class ReleaseStep:
     """A case for a release: its ranks build their own inputs (their managers lay the step out)."""
 
-    case: object  # pcpcheck.shared.case.Case
+    case: Case
 
     @property
     def size(self) -> int:
         return self.case.batch.pcp_size
+
+
+class PreparedCase(Protocol):
+    """What a request reads of a gather's case prepared by the driver
+    (pcpcheck.judge.prepare.Prepared)."""
+
+    @property
+    def case(self) -> Case: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def shard(self) -> bool: ...
+    @property
+    def nds(self) -> list[int]: ...
+    def input_bytes(self, rank: int) -> list[bytes]: ...
+
+
+class Outcome(Protocol):
+    """What a rank's report reads of its call (pcpcheck.worker.runner.RankOutcome)."""
+
+    value: object
+    error: str | None
+    error_detail: str | None
+    trace: list[tuple[Any, ...]]  # (op, dim, shape, dtype) per collective
+
+
+# A hosted rank's inputs as rank_inputs builds them: (tensors, slot_mapping, nd, sent).
+RankInputs = tuple[tuple[torch.Tensor, ...], torch.Tensor, int, list[wire.SentTensor] | None]
 
 
 @dataclass
@@ -92,17 +127,18 @@ class RankResult:
 
     error: str | None = None
     error_detail: str | None = None
-    trace: list[tuple] = field(default_factory=list)
+    trace: list[tuple[Any, ...]] = field(default_factory=list)
     output: str = ""
     value: object = None  # decoded by the driver: tuples, lists, wire.Received, stand-ins
     # None: unknown (the rank never reported); an input's None: as the driver sent it
     inputs_after: list[bytes | None] | None = None
     poisoned: bool = False  # its process group failed: the pool must be replaced
     input_device: str = "cpu"  # where the rank's inputs were (outputs must be there too)
-    step: dict | None = None  # a release's rank: its rank_step report (layout, inputs), plain data
+    # a release's rank: its rank_step report (layout, inputs), plain data
+    step: dict[str, Any] | None = None
     seconds: float = 0.0  # how long the rank's call ran (its own running time, as timed)
     lost: str | None = None  # "hung" or "died": the rank never reported; its worker was retired
-    group1: "RankResult | None" = None  # a release's rank: its call for the replicated KV group
+    group1: RankResult | None = None  # a release's rank: its call for the replicated KV group
 
 
 @dataclass(kw_only=True)
@@ -142,28 +178,28 @@ LOST = "lost"  # a torchrun supervisor's reply for a rank that never reported
 SPAWN, WAIT = "spawn", "wait"  # driver -> fork server
 
 
-def operation(header: dict) -> str:
+def operation(header: wire.Header) -> str:
     """The operation a message carries ("" for none)."""
     return str(header.get("op") or "")
 
 
 # --- start ------------------------------------------------------------------------------------
 
-def ready_reply(pid: int | None = None) -> dict:
+def ready_reply(pid: int | None = None) -> wire.Header:
     """A worker (its pid) or the fork server, started and waiting for requests."""
     return {"op": READY} if pid is None else {"op": READY, "pid": pid}
 
 
-def is_ready(header: dict) -> bool:
+def is_ready(header: wire.Header) -> bool:
     return operation(header) == READY
 
 
-def fail_reply(exc: BaseException, limit: int = 500) -> dict:
+def fail_reply(exc: BaseException, limit: int = 500) -> wire.Header:
     """A worker or the fork server that failed itself (pcpcheck's failure, not a target's)."""
     return {"op": FAIL, "message": f"{type(exc).__name__}: {exc}"[:limit]}
 
 
-def failure(header: dict) -> str | None:
+def failure(header: wire.Header) -> str | None:
     """What a failed worker or fork server said of its failure; None for any other message."""
     if operation(header) != FAIL:
         return None
@@ -187,57 +223,59 @@ class LoadRequest:
         return self.source, self.function
 
 
-def load_request(target_source: str, function: str | None, copies: int) -> dict:
+def load_request(target_source: str, function: str | None, copies: int) -> wire.Header:
     return {"op": LOAD, "source": target_source, "function": function or "", "copies": copies}
 
 
-def read_load(header: dict) -> LoadRequest:
+def read_load(header: wire.Header) -> LoadRequest:
     return LoadRequest(header["source"], header["function"], header["copies"])
 
 
-def loaded_reply(*, name: str, stand_ins, accepts_shard: bool, function_name: str,
-                 release: dict | None = None) -> dict:
+def loaded_reply(*, name: str, stand_ins: Iterable[str], accepts_shard: bool, function_name: str,
+                 release: dict[str, Any] | None = None) -> wire.Header:
     """The target loaded, described in plain data (a release: `release`, ReleaseInfo's)."""
-    reply = {"op": LOADED, "name": name, "stand_ins": list(stand_ins),
-             "accepts_shard": accepts_shard, "function_name": function_name}
+    reply: wire.Header = {"op": LOADED, "name": name, "stand_ins": list(stand_ins),
+                          "accepts_shard": accepts_shard, "function_name": function_name}
     if release is not None:
         reply["release"] = release
     return reply
 
 
-def load_error_reply(message: str, kind: str = "LoadError") -> dict:
+def load_error_reply(message: str, kind: str = "LoadError") -> wire.Header:
     """The target did not load; `kind`: the error's class for a release's own kinds."""
     return {"op": LOAD_ERROR, "kind": kind, "message": message}
 
 
-def target_info(source: str, function: str | None, header: dict) -> TargetInfo:
+def target_info(source: str, function: str | None, header: wire.Header) -> TargetInfo:
     """The driver's TargetInfo from a worker's reply (LoadError if it is one)."""
     if operation(header) == LOAD_ERROR:
         raise _load_error(header.get("kind"))(str(header.get("message"))[:500])
     if operation(header) != LOADED:
         raise LoadError(f"{source}: the worker answered {operation(header)[:50]!r} to loading")
-    fields = dict(source=source, function=function, name=str(header["name"]),
-                  stand_ins=tuple(map(str, header["stand_ins"])),
-                  accepts_shard=bool(header["accepts_shard"]),
-                  function_name=str(header["function_name"]))
+    fields: dict[str, Any] = dict(source=source, function=function, name=str(header["name"]),
+                                  stand_ins=tuple(map(str, header["stand_ins"])),
+                                  accepts_shard=bool(header["accepts_shard"]),
+                                  function_name=str(header["function_name"]))
     if function == RELEASE:
         return ReleaseInfo(**fields, release=json.loads(json.dumps(header["release"])))
     return TargetInfo(**fields)
 
 
-def _load_error(kind) -> type:
+def _load_error(kind: Any) -> type[LoadError]:
     """The driver's class for a worker's load failure: a release's own kinds (one line each)."""
     return {"InterfaceDrift": InterfaceDrift, "SourceError": SourceError}.get(kind, LoadError)
 
 
 # --- cases ------------------------------------------------------------------------------------
 
-def case_request(prepared, target: TargetInfo, ranks) -> tuple[dict, list]:
+def case_request(prepared: PreparedCase | ReleaseStep, target: TargetInfo, ranks: Sequence[int]
+                 ) -> wire.Message:
     """The case for the ranks a worker hosts: its inputs as bytes, nothing else (a release's
     step: the case as JSON; its ranks lay it out themselves)."""
     if target.function == RELEASE:
         return {"op": CASE, "source": target.source, "function": RELEASE, "size": prepared.size,
                 "step": prepared.case.to_json(), "ranks": list(ranks)}, []
+    prepared = cast(PreparedCase, prepared)  # a gather's case (the target's kind says which)
     header = {"op": CASE, "source": target.source, "function": target.function or "",
               "size": prepared.size, "shard": prepared.shard,
               "tensors": [[str(spec.torch_dtype), list(spec.trailing)] for spec in prepared.case.tensors],
@@ -246,7 +284,8 @@ def case_request(prepared, target: TargetInfo, ranks) -> tuple[dict, list]:
     return header, blobs
 
 
-def cases_request(prepareds, target: TargetInfo, ranks=None) -> tuple[dict, list]:
+def cases_request(prepareds: Iterable[PreparedCase | ReleaseStep], target: TargetInfo,
+                  ranks: Sequence[int] | None = None) -> wire.Message:
     """Several cases in one message (the worker runs them in order, reporting each), for
     `ranks` (None: every rank of each case)."""
     cases, counts, blobs = [], [], []
@@ -268,11 +307,11 @@ class CaseRequest:
     size: int
     step: str | None
     shard: bool
-    header: dict
-    blobs: list
+    header: wire.Header
+    blobs: list[bytes]
 
 
-def read_cases(header: dict, blobs: list) -> list[CaseRequest]:
+def read_cases(header: wire.Header, blobs: list[bytes]) -> list[CaseRequest]:
     """The cases of a CASES or CASE message, in order."""
     if operation(header) == CASE:
         return [_read_case(header, blobs)]
@@ -283,17 +322,17 @@ def read_cases(header: dict, blobs: list) -> list[CaseRequest]:
     return cases
 
 
-def _read_case(header: dict, blobs: list) -> CaseRequest:
+def _read_case(header: wire.Header, blobs: list[bytes]) -> CaseRequest:
     return CaseRequest((header["source"], header["function"]), header["size"], header.get("step"),
                 bool(header.get("shard")), header, blobs)
 
 
-def carries_cases(header: dict) -> bool:
+def carries_cases(header: wire.Header) -> bool:
     """A message of cases (the worker runs it next, rather than going idle first)."""
     return operation(header) in (CASES, CASE)
 
 
-def rank_inputs(case: CaseRequest, slot: int, device):
+def rank_inputs(case: CaseRequest, slot: int, device: torch.device) -> RankInputs:
     """One hosted rank's (tensors, slot_mapping, nd, sent), fresh tensors built from the driver's
     bytes; sent: on the CPU, each input as wire.SentTensor (for encode_rank), else None."""
     header, blobs = case.header, case.blobs
@@ -302,6 +341,7 @@ def rank_inputs(case: CaseRequest, slot: int, device):
     described = [(dtype, [len(blobs[base + k]) // max(1, _row_bytes(dtype, trailing)), *trailing])
                  for k, (dtype, trailing) in enumerate(header["tensors"])]
     described.append(("int64", [len(blobs[base + count]) // 8]))
+    sent: list[wire.SentTensor] | None
     if device.type == "cpu":
         sent = [wire.SentTensor(dtype, shape, blobs[base + k])
                 for k, (dtype, shape) in enumerate(described)]
@@ -313,7 +353,7 @@ def rank_inputs(case: CaseRequest, slot: int, device):
     return tuple(tensors[:count]), tensors[count], header["nds"][slot], sent
 
 
-def _row_bytes(dtype: str, trailing) -> int:
+def _row_bytes(dtype: str, trailing: Iterable[int]) -> int:
     size = wire.dtype_by_name(dtype)[1]
     for n in trailing:
         size *= n
@@ -322,26 +362,27 @@ def _row_bytes(dtype: str, trailing) -> int:
 
 # --- a case's result: each rank's report --------------------------------------------------------
 
-def result_reply(ranks: list[dict]) -> dict:
+def result_reply(ranks: list[wire.Header]) -> wire.Header:
     """One case's result: each hosted rank's report (encode_rank), its tensors in the blobs."""
     return {"op": RESULT, "ranks": ranks}
 
 
-def is_result(header: dict) -> bool:
+def is_result(header: wire.Header) -> bool:
     return operation(header) == RESULT
 
 
-def read_result(header: dict, blobs: list) -> list[RankResult]:
+def read_result(header: wire.Header, blobs: list[bytes]) -> list[RankResult]:
     """Each rank's report of a RESULT message, decoded."""
     return [decode_rank(result, blobs) for result in header["ranks"]]
 
 
-def trace_entry(entry) -> list:
+def trace_entry(entry: Iterable[object]) -> list[object]:
     return [item if isinstance(item, (int, str)) else list(item) if isinstance(item, tuple)
             else repr(item) for item in entry]
 
 
-def encode_rank(rank: int, outcome, inputs, output: str, blobs: list, sent=None) -> dict:
+def encode_rank(rank: int, outcome: Outcome, inputs: RankInputs, output: str, blobs: list[bytes],
+                sent: list[wire.SentTensor] | None = None) -> wire.Header:
     """One rank's result (a pcpcheck.worker.runner.RankOutcome) as plain data, tensors' bytes
     appended to blobs. `inputs`: (tensors, slot_mapping, ...) the call was given; `sent`: each as
     rank_inputs built it (wire.SentTensor), else None (each is read back whole)."""
@@ -349,17 +390,21 @@ def encode_rank(rank: int, outcome, inputs, output: str, blobs: list, sent=None)
                         inputs, output, blobs, sent)
 
 
-def _encode_call(rank: int, value, error, error_detail, trace, inputs, output: str, blobs: list,
-                 sent=None) -> dict:
-    result = {"rank": rank, "error": error, "error_detail": error_detail,
-              "trace": [trace_entry(e) for e in trace], "output": output, "value": None,
-              "input_device": str(inputs[1].device)}
+def _encode_call(rank: int, value: object, error: str | None, error_detail: str | None,
+                 trace: Iterable[Iterable[object]],
+                 inputs: tuple[Sequence[torch.Tensor], torch.Tensor, *tuple[object, ...]],
+                 output: str, blobs: list[bytes], sent: list[wire.SentTensor] | None = None
+                 ) -> wire.Header:
+    result: wire.Header = {"rank": rank, "error": error, "error_detail": error_detail,
+                           "trace": [trace_entry(e) for e in trace], "output": output,
+                           "value": None, "input_device": str(inputs[1].device)}
     if error is None:
         try:
             result["value"] = wire.encode_value(value, blobs)
         except Exception as exc:  # noqa: BLE001 - sparse, meta, a storage that cannot be read
             result["error"] = f"returned tensors pcpcheck cannot read: {type(exc).__name__}: {exc}"[:300]
-    after = []  # per input: the blob of its content after the call, None if unchanged
+    # per input: the blob of its content after the call, None if unchanged
+    after: list[int | None] = []
     for k, tensor in enumerate((*inputs[0], inputs[1])):
         try:
             content = sent[k].read_back() if sent is not None else wire.tensor_bytes(tensor)[2]
@@ -374,7 +419,8 @@ def _encode_call(rank: int, value, error, error_detail, trace, inputs, output: s
     return result
 
 
-def encode_release_rank(rank: int, outcome, output: str, blobs: list) -> dict:
+def encode_release_rank(rank: int, outcome: Outcome, output: str, blobs: list[bytes]
+                        ) -> wire.Header:
     """One rank's step of a vLLM release (`outcome.value`: rank_step's report, else what stopped
     it) as plain data: the gather call it made (its trace up to the second call), the call for
     the replicated KV group if it made one, and the STEP_FIELDS of its report."""
@@ -396,7 +442,7 @@ def encode_release_rank(rank: int, outcome, output: str, blobs: list) -> dict:
     return result
 
 
-def decode_rank(result: dict, blobs: list) -> RankResult:
+def decode_rank(result: wire.Header, blobs: list[bytes]) -> RankResult:
     """A worker's report of one rank, decoded by the driver from plain data (a release's rank:
     its step report, and its call for a replicated KV group, one level deep)."""
     rank = _decode_call(result, blobs)
@@ -407,7 +453,7 @@ def decode_rank(result: dict, blobs: list) -> RankResult:
     return rank
 
 
-def _decode_call(result: dict, blobs: list) -> RankResult:
+def _decode_call(result: wire.Header, blobs: list[bytes]) -> RankResult:
     rank = RankResult(error=_text(result.get("error")), error_detail=_text(result.get("error_detail")),
                       output=str(result.get("output") or ""), poisoned=bool(result.get("poisoned")),
                       input_device=str(result.get("input_device", "cpu"))[:40])
@@ -433,21 +479,21 @@ def lost_rank(reason: str, output: str = "", lost: str = "hung") -> RankResult:
     return RankResult(trace=[(INCOMPLETE, reason)], output=output, lost=lost)
 
 
-def _text(value) -> str | None:
+def _text(value: object) -> str | None:
     return None if value is None else str(value)
 
 
 # --- lost: a torchrun supervisor's word for its rank ------------------------------------------
 
-def lost_reply(reason: str, output: str = "", lost: str = "hung") -> dict:
+def lost_reply(reason: str, output: str = "", lost: str = "hung") -> wire.Header:
     return {"op": LOST, "reason": reason, "output": output, "lost": lost}
 
 
-def is_lost(header: dict) -> bool:
+def is_lost(header: wire.Header) -> bool:
     return operation(header) == LOST
 
 
-def read_lost(header: dict) -> RankResult:
+def read_lost(header: wire.Header) -> RankResult:
     """The rank a LOST reply speaks for, as the driver records a rank that never reported."""
     return lost_rank(str(header.get("reason")), str(header.get("output", "")),
                      "died" if header.get("lost") == "died" else "hung")
@@ -455,17 +501,17 @@ def read_lost(header: dict) -> RankResult:
 
 # --- the fork server's requests ---------------------------------------------------------------
 
-def spawn_request(config: dict, env: dict, cwd: str) -> dict:
+def spawn_request(config: dict[str, Any], env: dict[str, str], cwd: str) -> wire.Header:
     """Fork a worker running `config` (its two pipe ends travel with the request)."""
     return {"op": SPAWN, "config": config, "env": env, "cwd": cwd}
 
 
-def wait_request(pid: int, seconds: float) -> dict:
+def wait_request(pid: int, seconds: float) -> wire.Header:
     """A worker's exit code, once it exits within `seconds`."""
     return {"op": WAIT, "pid": pid, "seconds": seconds}
 
 
-def read_fork_request(request: dict) -> tuple[str, dict]:
+def read_fork_request(request: wire.Header) -> tuple[str, wire.Header]:
     """(SPAWN or WAIT, the request's fields)."""
     kind = operation(request)
     if kind not in (SPAWN, WAIT):

@@ -10,6 +10,9 @@ naming `where` (FILE:LINE) and the problem: the reader exits 2 on a malformed re
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterable
+from typing import Any
 
 from pcpcheck.shared.errors import UsageError
 
@@ -25,13 +28,14 @@ _RELEASE_FIELDS = ("slot_mapping", "num_decode_tokens", "sha256")
 _OUTPUTS_INTS = ("step", "rank", "dcp_rank")
 
 
-def _whole(value, name: str, low: int = 0) -> int:
+def _whole(value: object, name: str, low: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
     return value
 
 
-def _keys(data, name: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
+def _keys(data: object, name: str, required: tuple[str, ...], optional: tuple[str, ...] = ()
+          ) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{name} must be an object, got {type(data).__name__}")
     missing = [key for key in required if key not in data]
@@ -43,14 +47,14 @@ def _keys(data, name: str, required: tuple[str, ...], optional: tuple[str, ...] 
     return data
 
 
-def _sha256(value, name: str) -> str:
+def _sha256(value: object, name: str) -> str:
     if not (isinstance(value, str) and len(value) == 64
             and all(c in "0123456789abcdef" for c in value)):
         raise ValueError(f"{name} must be 64 lowercase hex digits, got {value!r}")
     return value
 
 
-def _outputs(data: dict) -> dict:
+def _outputs(data: dict[str, Any]) -> dict[str, Any]:
     _keys(data, "outputs line", ("schema", "kind", *_OUTPUTS_INTS, "sha256"))
     if data["schema"] != SCHEMA:
         raise ValueError(f"schema {data['schema']!r} is not {SCHEMA!r}")
@@ -60,7 +64,7 @@ def _outputs(data: dict) -> dict:
     return data
 
 
-def _record(data) -> dict:
+def _record(data: object) -> dict[str, Any]:
     if isinstance(data, dict) and data.get("kind") == OUTPUTS:
         return _outputs(data)
     data = _keys(data, "line", ("schema", *_LINE_INTS, "shard_decode_requests", "kind",
@@ -106,7 +110,7 @@ def _record(data) -> dict:
     return data
 
 
-def parse_line(text: str, where: str) -> dict:
+def parse_line(text: str, where: str) -> dict[str, Any]:
     """One recorded line as a well-typed dict; UsageError '{where}: problem' otherwise."""
     try:
         data = json.loads(text)
@@ -118,7 +122,7 @@ def parse_line(text: str, where: str) -> dict:
         raise UsageError(f"{where}: {exc}") from None
 
 
-def read_lines(paths) -> list[tuple[str, dict]]:
+def read_lines(paths: Iterable[str | os.PathLike[str]]) -> list[tuple[str, dict[str, Any]]]:
     """Every record of the recording files, in order, with its FILE:LINE."""
     records = []
     for path in paths:
@@ -140,7 +144,7 @@ def outputs_line(step: int, rank: int, dcp_rank: int, sha256: str) -> str:
                        "dcp_rank": dcp_rank, "sha256": sha256}, separators=(",", ":"))
 
 
-def step_line(check: bool = True, **fields) -> str:
+def step_line(check: bool = True, **fields: object) -> str:
     """The JSON line of one rank's step (the recorder's writer), checked against the schema
     unless check=False (the recorder checks its first line: a check costs more than the rest)."""
     text = json.dumps({"schema": SCHEMA, **fields}, separators=(",", ":"))

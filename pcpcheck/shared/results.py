@@ -11,9 +11,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
-from pcpcheck.shared.defaults import (DEFAULT_BACKEND, DEFAULT_DEVICE, DEFAULT_MAX_EXAMPLES,
-                                      DEFAULT_MAX_RANKS, DEFAULT_TIMEOUT)
+from pcpcheck.shared.defaults import (
+    DEFAULT_BACKEND,
+    DEFAULT_DEVICE,
+    DEFAULT_MAX_EXAMPLES,
+    DEFAULT_MAX_RANKS,
+    DEFAULT_TIMEOUT,
+)
 
 SCHEMA_VERSION = 1
 EXIT_HOLDS, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
@@ -149,7 +155,8 @@ class ReleaseRecord:
     files: tuple[tuple[str, str], ...]  # (path in the release, sha256) of every file read
     adapted: tuple[str, ...]  # working stand-ins given and how pcpcheck adapted to the release
     layout_model: str  # the reference layout era that judged it (reference.ERAS)
-    capabilities: dict = field(default_factory=dict)  # read from its code (vllm.release.Capabilities)
+    # read from its code (pcpcheck.shared.protocol.Capabilities' fields)
+    capabilities: dict[str, Any] = field(default_factory=dict)
     paths: tuple[PathStage, ...] = ()  # the path table, stage by stage
 
 
@@ -259,7 +266,7 @@ class CheckResult:
         }, indent=2)
 
     @staticmethod
-    def from_json(text: str) -> "CheckResult":
+    def from_json(text: str) -> CheckResult:
         data = json.loads(text)
         if data.get("schema") != SCHEMA_VERSION:
             raise ValueError(f"result schema {data.get('schema')!r}; this pcpcheck reads {SCHEMA_VERSION}")

@@ -50,7 +50,7 @@ class Source:
     release: str  # version, as the source states it ("unknown" if it does not)
     hashes: dict[str, str] = field(default_factory=dict)  # relpath -> sha256 of what was read
 
-    def spec(self) -> dict:
+    def spec(self) -> dict[str, str]:
         return {"kind": self.kind, "location": self.location, "release": self.release}
 
     def has(self, relpath: str) -> bool:
@@ -84,7 +84,7 @@ class Source:
         return f"vLLM {self.release} ({self.kind} {self.location})"
 
 
-def from_spec(spec: dict) -> Source:
+def from_spec(spec: dict[str, str]) -> Source:
     return Source(kind=spec["kind"], location=spec["location"], release=spec["release"])
 
 
@@ -143,7 +143,9 @@ def _checkout(root: Path, kind: str) -> Source:
 
 def _numbers(version: str) -> tuple[int, int, int]:
     """(X, Y, Z) of X.Y.Z[suffix] (0.26.0rc1 -> (0, 26, 0))."""
-    return tuple(int(re.match(r"\d+", part).group(0)) for part in version.split(".")[:3])
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    assert match is not None  # a version _RELEASE matched
+    return int(match[1]), int(match[2]), int(match[3])
 
 
 def resolve(source: str) -> Source:

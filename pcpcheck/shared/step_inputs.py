@@ -5,11 +5,15 @@ manager must build from it (pcpcheck.judge.release_case)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 import pcpcheck_reference as reference
 from pcpcheck_spec.names import DRAFT_REGIMES, REPLICATED, Batch
+
+if TYPE_CHECKING:  # annotations only
+    from pcpcheck.shared.protocol import Capabilities
 
 # The second KV-cache group's block table: the first group's block ids moved by this many, so
 # the 2-D path of `_convert_to_gathered_slot_mappings` (and of the slot kernel's grid) is
@@ -39,7 +43,7 @@ def global_maps(batch: Batch, dcp_rank: int, second_replicated: bool = False) ->
                      reference.global_slots(second, dcp_rank if not second_replicated else 0)))
 
 
-def step_arrays(batch: Batch):
+def step_arrays(batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The manager's inputs: (num_scheduled_tokens, num_computed_tokens, is_prefilling,
     query_start_loc_np) as the model runner passes them."""
     q = np.array([r.num_tokens for r in batch.requests], dtype=np.int32)
@@ -56,7 +60,7 @@ def positions(batch: Batch) -> np.ndarray:
                     dtype=np.int64)
 
 
-def dummy_tokens(batch: Batch, caps) -> int:
+def dummy_tokens(batch: Batch, caps: Capabilities) -> int:
     """Tokens of the dummy request (`idx_mapping == -1`) the step's slot kernel is given after
     its real requests, as the model runner pads a CUDA-graph batch: the graph padding rows past
     the widest rank of the release's era, where its kernel masks dummy requests (`caps`:

@@ -22,6 +22,8 @@ import os
 import select
 import struct
 import time
+from collections.abc import Callable, Iterable
+from typing import Any, cast, overload
 
 import numpy as np
 import torch
@@ -30,12 +32,16 @@ _FRAME = struct.Struct("<II")
 MAX_MESSAGE = 512 << 20  # bytes; a longer frame is a malformed message
 MAX_ITEMS = 4096  # elements of a returned tuple/list encoded one by one
 
+Header = dict[str, Any]  # a message's JSON header, as sent or parsed (its fields: protocol's)
+Message = tuple[Header, list[bytes]]  # (header, blobs)
+
 
 class ChannelClosed(EOFError):
     """The peer closed its end, died, or sent something that is not a message."""
 
 
-def send(fd: int, header: dict, blobs=(), drain: "Reader | None" = None) -> None:
+def send(fd: int, header: Header, blobs: Iterable[bytes | bytearray | memoryview] = (),
+         drain: Reader | None = None) -> None:
     """Write one message. With `drain` (the reader of the peer's replies, on a non-blocking
     `fd`), read while the pipe is full: a peer blocked writing its reply never deadlocks us."""
     view = memoryview(pack(header, blobs))
@@ -43,6 +49,7 @@ def send(fd: int, header: dict, blobs=(), drain: "Reader | None" = None) -> None
         try:
             written = os.write(fd, view)
         except BlockingIOError:
+            assert drain is not None  # only a non-blocking fd blocks, and it comes with its reader
             readable, _, _ = select.select([drain.fd], [fd], [])
             if readable:
                 drain.fill()
@@ -50,7 +57,7 @@ def send(fd: int, header: dict, blobs=(), drain: "Reader | None" = None) -> None
         view = view[written:]
 
 
-def pack(header: dict, blobs=()) -> bytes:
+def pack(header: Header, blobs: Iterable[bytes | bytearray | memoryview] = ()) -> bytes:
     """One message as bytes."""
     blobs = [bytes(b) if not isinstance(b, (bytes, bytearray, memoryview)) else b for b in blobs]
     header = dict(header, blobs=[len(b) for b in blobs])
@@ -58,7 +65,7 @@ def pack(header: dict, blobs=()) -> bytes:
     return b"".join([_FRAME.pack(len(text), sum(len(b) for b in blobs)), text, *blobs])
 
 
-def unpack(data: bytes):
+def unpack(data: bytes) -> Message:
     """(header, blobs) of one message packed by `pack`; ChannelClosed if it is not one."""
     reader = Reader(-1)
     reader._buffer += data
@@ -71,11 +78,16 @@ def unpack(data: bytes):
 class Reader:
     """Reads messages from a file descriptor, never blocking past a deadline."""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int) -> None:
         self.fd = fd
         self._buffer = bytearray()
 
-    def recv(self, deadline: float | None = None):
+    @overload
+    def recv(self, deadline: None = None) -> Message: ...  # no deadline: it waits for one
+    @overload
+    def recv(self, deadline: float) -> Message | None: ...
+
+    def recv(self, deadline: float | None = None) -> Message | None:
         """(header, blobs), or None when the deadline passes first. ChannelClosed on EOF."""
         while True:
             message = self._parse()
@@ -92,7 +104,7 @@ class Reader:
         """A whole message is waiting in the buffer (read while sending)."""
         if len(self._buffer) < _FRAME.size:
             return False
-        text_len, blob_len = _FRAME.unpack_from(self._buffer)
+        text_len, blob_len = cast("tuple[int, int]", _FRAME.unpack_from(self._buffer))
         return len(self._buffer) >= _FRAME.size + text_len + blob_len
 
     def fill(self) -> None:
@@ -105,7 +117,7 @@ class Reader:
             raise ChannelClosed("end of stream")
         self._buffer += chunk
 
-    def _parse(self):
+    def _parse(self) -> Message | None:
         if len(self._buffer) < _FRAME.size:
             return None
         text_len, blob_len = _FRAME.unpack_from(self._buffer)
@@ -138,7 +150,8 @@ _detach, _cpu, _copy, _reshape, _view = (_TensorBase.detach, _TensorBase.cpu, _T
                                          _TensorBase.reshape, _TensorBase.view)
 _empty = torch.empty
 _resolve_conj, _resolve_neg, _numpy = _TensorBase.resolve_conj, _TensorBase.resolve_neg, _TensorBase.numpy
-_dtype_of = _TensorBase.dtype.__get__
+# The getters of TensorBase's properties (typed: torch's stubs declare them as plain values).
+_dtype_of: Callable[[torch.Tensor], torch.dtype] = cast(Any, _TensorBase).dtype.__get__
 _device_of = _TensorBase.device.__get__
 _size_of = _TensorBase.size
 _no_overrides = torch._C.DisableTorchFunction
@@ -146,9 +159,11 @@ _Tensor = torch.Tensor
 _uint8 = torch.uint8
 _data_ptr, _stride_of, _offset_of = _TensorBase.data_ptr, _TensorBase.stride, _TensorBase.storage_offset
 _is_neg, _is_conj = _TensorBase.is_neg, _TensorBase.is_conj
-_layout_of, _strided = _TensorBase.layout.__get__, torch.strided
-_is_cpu = _TensorBase.is_cpu.__get__
-_storage_of, _storage_nbytes = _TensorBase.untyped_storage, torch._C.StorageBase.nbytes
+_layout_of: Callable[[torch.Tensor], torch.layout] = cast(Any, _TensorBase).layout.__get__
+_strided = torch.strided
+_is_cpu: Callable[[torch.Tensor], bool] = cast(Any, _TensorBase).is_cpu.__get__
+_storage_of = _TensorBase.untyped_storage
+_storage_nbytes: Callable[[torch.UntypedStorage], int] = cast(Any, torch._C.StorageBase).nbytes
 # Per dtype of a plain strided tensor, the dtype of the same item size numpy holds (itself where
 # numpy has it): tensors are read and built through numpy, in fewer calls than torch's own views.
 _NUMPY_READABLE = {dtype: dtype for dtype in (torch.float16, torch.float32, torch.float64,
@@ -164,13 +179,13 @@ _bytearray = bytearray
 _tuple_iter, _list_iter = tuple.__iter__, list.__iter__
 
 
-def _plain(tensor):
+def _plain(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor as a plain torch.Tensor (a subclass's methods set aside); a plain one is
     itself (what it reads through the base class is the same)."""
     return tensor if _type(tensor) is _Tensor else _as_subclass(tensor, _Tensor)
 
 
-def tensor_bytes(tensor) -> tuple[str, list[int], bytes]:
+def tensor_bytes(tensor: torch.Tensor) -> tuple[str, list[int], bytes]:
     """(dtype, shape, content) of a tensor, read as a plain torch.Tensor."""
     with _no_overrides():
         plain = _detach(_plain(tensor))
@@ -196,7 +211,7 @@ def tensor_bytes(tensor) -> tuple[str, list[int], bytes]:
     return _str(dtype), shape, content
 
 
-def _in_storage(plain, dtype) -> bool:
+def _in_storage(plain: torch.Tensor, dtype: torch.dtype) -> bool:
     """Whether every element of a strided tensor lies within its storage: a storage resized
     smaller after the tensor was made leaves it reading freed memory (call with overrides off)."""
     shape, strides = _size_of(plain), _stride_of(plain)
@@ -210,7 +225,7 @@ class SentTensor:
     """An input the worker built over a private copy of the driver's bytes (`tensor`), with
     what it looked like then: `read_back` tells whether it still is exactly that."""
 
-    def __init__(self, dtype_name: str, shape, content: bytes):
+    def __init__(self, dtype_name: str, shape: list[int], content: bytes) -> None:
         self.content = content
         self._buffer = bytearray(content)
         self.tensor = tensor_from_bytes(dtype_name, shape, self._buffer)
@@ -230,15 +245,21 @@ class SentTensor:
         return None if content == self.content else content
 
 
-def _geometry(tensor) -> tuple:
+# (data pointer, dtype, shape, strides, storage offset, device type, is_neg, is_conj)
+_Geometry = tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...], int | torch.SymInt, str,
+                  bool, bool]
+
+
+def _geometry(tensor: torch.Tensor) -> _Geometry:
     """What decides which bytes a CPU tensor's content is (call with overrides disabled)."""
     plain = _plain(tensor)
     return (_data_ptr(plain), _dtype_of(plain), _tuple(_size_of(plain)), _stride_of(plain),
             _offset_of(plain), _device_of(plain).type, _is_neg(plain), _is_conj(plain))
 
 
-def encode_value(value, blobs: list, depth: int = 0):
-    """A JSON tree of a returned value; tensors' bytes appended to `blobs`."""
+def encode_value(value: Any, blobs: list[bytes], depth: int = 0) -> dict[str, Any]:
+    """A JSON tree of a returned value (anything a target returned); tensors' bytes appended
+    to `blobs`."""
     if _isinstance(value, _Tensor):
         with _no_overrides():
             device = _device_of(_plain(value))
@@ -261,7 +282,8 @@ def encode_value(value, blobs: list, depth: int = 0):
 
 # --- driver side: rebuild plain objects from what a worker sent --------------------------------
 
-def tensor_from_bytes(dtype_name: str, shape, content: bytes) -> torch.Tensor:
+def tensor_from_bytes(dtype_name: str, shape: list[int], content: bytes | bytearray
+                      ) -> torch.Tensor:
     """A plain CPU tensor (over `content` itself if it is a bytearray); ValueError if the parts do
     not describe one. Built with the functions captured at import: in a worker, a target loaded
     since may have replaced torch's or numpy's (an input built over a copy of the bytes the
@@ -278,7 +300,8 @@ def tensor_from_bytes(dtype_name: str, shape, content: bytes) -> torch.Tensor:
         return _reshape(_view(_torch_frombuffer(buffer, dtype=_uint8), dtype), shape)
 
 
-def _described(dtype_name: str, shape, content) -> tuple[torch.dtype, int]:
+def _described(dtype_name: str, shape: list[int], content: bytes | bytearray
+               ) -> tuple[torch.dtype, int]:
     """(dtype, element count) of a tensor's parts; ValueError if they do not describe one."""
     dtype, itemsize = dtype_by_name(dtype_name)
     numel = _numel(shape)
@@ -287,7 +310,7 @@ def _described(dtype_name: str, shape, content) -> tuple[torch.dtype, int]:
     return dtype, numel
 
 
-def _numel(shape) -> int:
+def _numel(shape: object) -> int:
     if not isinstance(shape, list) or not all(type(n) is int and 0 <= n < 1 << 40 for n in shape):
         raise ValueError(f"bad shape {shape!r}")
     numel = 1
@@ -298,7 +321,7 @@ def _numel(shape) -> int:
     return numel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def dtype_by_name(name: str) -> tuple[torch.dtype, int]:
     """(dtype, item size) of a torch dtype's name ("torch.float32" or "float32")."""
     dtype = getattr(torch, str(name).removeprefix("torch."), None)
@@ -313,7 +336,7 @@ class Received:
 
     __slots__ = ("dtype", "shape", "device", "content")
 
-    def __init__(self, dtype_name: str, shape, content: bytes, device: str):
+    def __init__(self, dtype_name: str, shape: list[int], content: bytes, device: str) -> None:
         dtype = _described(dtype_name, shape, content)[0]
         self.dtype, self.shape, self.content, self.device = dtype, tuple(shape), content, device
 
@@ -330,13 +353,13 @@ class Received:
     def ints(self) -> list[int]:
         """An int64 tensor's elements."""
         assert self.dtype == torch.int64
-        return np.frombuffer(self.content, dtype="<i8").tolist()
+        return cast("list[int]", np.frombuffer(self.content, dtype="<i8").tolist())
 
     def tensor(self) -> torch.Tensor:
         return tensor_from_bytes(str(self.dtype), list(self.shape), self.content)
 
 
-def decode_value(tree, blobs):
+def decode_value(tree: Any, blobs: list[bytes]) -> object:
     """The value a worker described: tuples, lists and tensors (as Received); anything else
     becomes an empty instance of a class of the same name (what judging needs to name it)."""
     kind = tree.get("t") if isinstance(tree, dict) else None

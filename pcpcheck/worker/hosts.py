@@ -23,7 +23,7 @@ from pcpcheck.shared.protocol import FINISHED, RELEASE, RUNNING, WAITING
 from pcpcheck.worker.runner import CollectiveAborted, RankOutcome
 
 
-def load(request: protocol.LoadRequest, worker) -> tuple[object | None, dict]:
+def load(request: protocol.LoadRequest, worker) -> tuple[GatherHost | ReleaseHost | None, dict]:
     """The host of a load request (None if it failed) and the reply the driver gets."""
     if request.function == RELEASE:
         return ReleaseHost.load(request, worker)
@@ -139,6 +139,7 @@ class ReleaseHost:
         """The step on every rank as greenlets: rank_step lays it out with the rank's own
         PCPManager and calls the release's entry; the layout goes back as plain data."""
         from pcpcheck.worker.release_step import rank_step
+        assert case.step is not None  # a release's cases carry their step (protocol.case_request)
         worker = self.worker
         ranges: list[list] = [[] for _ in range(case.size)]
         outcomes = worker.threads.run(case.size, lambda rank: rank_step(case.step, self.spec, rank),

@@ -30,13 +30,17 @@ import os
 import sys
 import traceback
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from pcpcheck.shared.errors import LoadError
 from pcpcheck.worker import rankctx
 from pcpcheck.worker.standins import STANDIN_ROOT, Inert, StandInError, StandInSpace, is_standin_name
+
+if TYPE_CHECKING:  # annotations only: the loader imports nothing it does not run
+    from pcpcheck.shared.source import Source
 
 DEFAULT_FUNCTIONS = ("_gather_prefill_cache_inputs", "gather_prefill_cache_inputs")
 
@@ -95,7 +99,7 @@ def _signature_flags(function: Callable) -> tuple[bool, bool, bool]:
     return accepts_shard, accepts_group, shard_positional
 
 
-def _one_line(text: str) -> str:
+def _one_line(text: object) -> str:  # an exception, most often
     return " ".join(str(text).split())
 
 
@@ -188,7 +192,7 @@ def _package_from_path(path: Path) -> str:
 def _load_impl(function: str | None) -> Target:
     try:
         impl = importlib.import_module("pcpcheck_impl")
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - a broken install may raise anything: a LoadError names it
         raise LoadError(f"cannot import the bundled implementation (impl): {_one_line(exc)}") from None
     return make_target(impl, function, "impl", "impl", None, "impl")
 
@@ -210,7 +214,7 @@ def _load_file(path: Path, function: str | None) -> Target:
     return make_target(module, function, filename, filename, space, path.name)
 
 
-def exec_source(source: str, filename: str, space: StandInSpace,
+def exec_source(source: str | bytes, filename: str, space: StandInSpace,
                 package: str = "") -> types.ModuleType:
     """Execute `source` (the text of `filename`, which may live in a wheel) as a fresh module
     whose vllm.* imports `space` serves; `package` resolves its relative imports. LoadError
@@ -231,11 +235,18 @@ def exec_source(source: str, filename: str, space: StandInSpace,
         sys.modules[module_name] = module
         try:
             exec(code, module.__dict__)
-        except (Exception, SystemExit) as exc:
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - a target's import may raise anything: a LoadError names it
             raise _import_failure(exc, filename, Path(filename).name) from None
         finally:
             sys.modules.pop(module_name, None)
     return module
+
+
+def exec_release_file(source: Source, relpath: str, space: StandInSpace) -> types.ModuleType:
+    """A file of a vLLM release (relpath in a pcpcheck.shared.source.Source) executed as a fresh
+    module of its own package, its `vllm.*` imports served by `space`."""
+    package = relpath.rpartition("/")[0].replace("/", ".")
+    return exec_source(source.read(relpath), source.filename(relpath), space, package)
 
 
 def _load_module(spec_text: str, function: str | None) -> Target:
@@ -255,7 +266,7 @@ def _load_module(spec_text: str, function: str | None) -> Target:
             spec = importlib.util.find_spec(module_name)
         except ModuleNotFoundError as exc:
             raise LoadError(f"{module_name}: no module named {exc.name!r}") from None
-        except (Exception, SystemExit) as exc:
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - a target's import may raise anything: a LoadError names it
             raise _import_failure(exc, None, module_name) from None
         if spec is None:
             raise LoadError(f"{module_name}: no module named {module_name!r}")
@@ -279,7 +290,7 @@ def _load_module(spec_text: str, function: str | None) -> Target:
                 module = importlib.import_module(module_name)
         except LoadError:
             raise
-        except (Exception, SystemExit) as exc:
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - a target's import may raise anything: a LoadError names it
             raise _import_failure(exc, filename, module_name) from None
     source = f"{module_name}:{function}" if function else module_name
     target = make_target(module, function, module_name, source, space, module_name)

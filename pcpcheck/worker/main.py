@@ -22,16 +22,20 @@ import os
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pcpcheck.shared import protocol, wire
-from pcpcheck.shared.lifetime import die_with_parent
 from pcpcheck.shared.defaults import MAX_RANKS
+from pcpcheck.shared.lifetime import die_with_parent
 from pcpcheck.shared.protocol import MAX_AHEAD, MAX_OUTPUT, RUNNING, STATUS
 from pcpcheck.worker import hosts
 from pcpcheck.worker.process_group import finish
 from pcpcheck.worker.runner import ThreadRunner
+
+if TYPE_CHECKING:  # imported where the worker joins a group
+    from pcpcheck.worker.process_group import GroupAdapter
 
 
 class Status:
@@ -121,9 +125,10 @@ class Worker:
         self.device = torch.device(config.get("device", "cpu"))
         self.status = Status(config["status"])
         self.capture = Capture(config["capture"])
-        self.hosts: dict[tuple, object] = {}  # LoadRequest.key -> its host
+        # LoadRequest.key -> its host
+        self.hosts: dict[tuple, hosts.GatherHost | hosts.ReleaseHost] = {}
         self.threads = ThreadRunner()
-        self.adapter = None
+        self.adapter: GroupAdapter | None = None
         self.count = 0  # cases begun: on a process group, every rank numbers them alike
         self.poisoned = False  # the process group failed: every later collective aborts
 
@@ -202,7 +207,7 @@ class Worker:
         startup = datetime.timedelta(seconds=config["startup_timeout"])
         if backend == "nccl":
             torch.cuda.set_device(self.device)
-        kwargs = {"device_id": self.device} if backend == "nccl" else {}
+        kwargs: dict[str, Any] = {"device_id": self.device} if backend == "nccl" else {}
         if "port" in config:
             store = dist.TCPStore("127.0.0.1", config["port"], None, False, startup)
             dist.init_process_group(backend, store=store, rank=config["rank"],

@@ -172,7 +172,7 @@ class CheckedGroup:
             return self._adapter.all_gather(input_, dim)
         except (TypeError, ValueError):
             raise  # argument checks: identical on every rank, nothing was sent
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - the backend's failure, whatever it is, breaks the group
             self.poisoned = True
             raise self._abort(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
         finally:

@@ -19,6 +19,7 @@ import inspect
 import json
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,7 +29,7 @@ from pcpcheck.shared.errors import InterfaceDrift, LoadError
 from pcpcheck.shared.protocol import Capabilities
 from pcpcheck.shared.source import GATHERS, MANAGER, Source, from_spec, resolve
 from pcpcheck.shared.step_inputs import dummy_tokens, global_maps, positions, step_arrays
-from pcpcheck.worker.loader import exec_source, make_target
+from pcpcheck.worker.loader import Target, exec_release_file, make_target
 from pcpcheck.worker.release_excerpts import (
     BACKEND_UTILS,
     MODEL_RUNNER,
@@ -92,7 +93,7 @@ def _annotated(name: str) -> type:
                            "__init__": lambda self, *args, **kwargs: None})
 
 
-STAND_INS = {
+STAND_INS: dict[str, dict[str, object]] = {
     "vllm.config": {"CUDAGraphMode": CUDAGraphMode, "VllmConfig": _annotated("VllmConfig")},
     "vllm.utils.torch_utils": {"async_tensor_h2d": _host_to_device},
     "vllm.v1.worker.gpu.buffer_utils": {"async_copy_to_gpu": _host_to_device},
@@ -110,9 +111,9 @@ STAND_INS = {
 @dataclass(kw_only=True)
 class Release:
     source: Source
-    manager: type  # PCPManager
+    manager: type[Any]  # PCPManager
     gather_module: object
-    gather: object  # pcpcheck.worker.loader.Target of the release's gather
+    gather: Target  # the release's gather
     caps: Capabilities
     stand_ins: list[str]  # vllm names stood in for (inert)
     adapted: list[str]  # working stand-ins provided, and how pcpcheck adapted to the release
@@ -140,12 +141,6 @@ def _space() -> StandInSpace:
         for name, value in names.items():
             space.provide(module, name, value)
     return space
-
-
-def _exec(source: Source, relpath: str, space: StandInSpace):
-    text = source.read(relpath)
-    package = relpath.rpartition("/")[0].replace("/", ".")
-    return exec_source(text, source.filename(relpath), space, package)
 
 
 def _params(function) -> dict:
@@ -248,9 +243,9 @@ def load_release(source: Source | str) -> Release:
     if gather_path is None:
         raise InterfaceDrift(f"{source.describe()} has none of {', '.join(GATHERS)}")
     space = _space()
-    manager_module = _exec(source, MANAGER, space)
+    manager_module = exec_release_file(source, MANAGER, space)
     manager = _require(MANAGER, manager_module, "PCPManager")
-    gather_module = _exec(source, gather_path, space)
+    gather_module = exec_release_file(source, gather_path, space)
     try:
         gather = make_target(gather_module, GATHER, source.filename(gather_path),
                               source.filename(gather_path), space, gather_path.rpartition("/")[2])

@@ -26,6 +26,7 @@ import ast
 import inspect
 import re
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import torch
@@ -91,6 +92,7 @@ def load_function(source, relpath: str, name: str):
     function_text = ("from __future__ import annotations\n" + "\n" * (start - 2)
                      + "\n".join(lines) + "\n")
     package = relpath.rpartition("/")[0].replace("/", ".")
+    module: Any  # the function's module: given the file's imports below
     try:
         module = exec_source(function_text, source.filename(relpath), StandInSpace(), package)
     except LoadError as exc:

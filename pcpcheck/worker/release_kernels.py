@@ -25,14 +25,18 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pcpcheck.shared.errors import InterfaceDrift, LoadError
 from pcpcheck.shared.step_inputs import group_blocks
-from pcpcheck.worker.loader import exec_source
+from pcpcheck.worker.loader import exec_release_file
 from pcpcheck.worker.standins import StandInSpace
 from pcpcheck_spec.names import Batch
+
+if TYPE_CHECKING:  # annotations only
+    from pcpcheck.shared.source import Source
 
 BLOCK_TABLE = "vllm/v1/worker/gpu/block_table.py"
 BUFFER_UTILS = "vllm/v1/worker/gpu/buffer_utils.py"
@@ -139,16 +143,11 @@ class _UnpinnedTorch:
         return lambda *args, pin_memory=False, **kwargs: function(*args, **kwargs)
 
 
-def _exec(source, relpath: str, space: StandInSpace):
-    package = relpath.rpartition("/")[0].replace("/", ".")
-    return exec_source(source.read(relpath), source.filename(relpath), space, package)
-
-
 @dataclass(kw_only=True)
 class BlockTablesPath:
     """The release's BlockTables (None: modeled, `reason` says why)."""
 
-    block_tables: type | None = None
+    block_tables: Any = None  # the release's class
     reason: str = ""
     adapted: list[str] = field(default_factory=list)
     launches: int = 0  # slot-kernel launches run (not served from the cache)
@@ -204,7 +203,7 @@ class BlockTablesPath:
         return tables_obj
 
 
-def _cached_compute(block_tables: type, path: BlockTablesPath) -> type:
+def _cached_compute(block_tables: type[Any], path: BlockTablesPath) -> type[Any]:
     """BlockTables whose compute_slot_mappings reuses its kernel's result for the same exact
     inputs (the same filled tables and rank, idx_mapping, query_start_loc, positions and out shape)."""
     compute = block_tables.compute_slot_mappings
@@ -231,7 +230,7 @@ def _cached_compute(block_tables: type, path: BlockTablesPath) -> type:
                                                  "__module__": block_tables.__module__})
 
 
-def load_block_tables(source) -> BlockTablesPath:
+def load_block_tables(source: Source) -> BlockTablesPath:
     """The release's BlockTables under triton's interpreter, or the reason it stays modeled."""
     if not source.has(BLOCK_TABLE):
         return BlockTablesPath(reason=f"{BLOCK_TABLE} is not in this source")
@@ -239,17 +238,18 @@ def load_block_tables(source) -> BlockTablesPath:
     if loaded is None:
         return BlockTablesPath(reason=NO_TRITON)
     space = _space(*loaded)
+    helpers: Any  # buffer_utils, its torch replaced below
     try:
         if source.has(BUFFER_UTILS):
-            helpers = _exec(source, BUFFER_UTILS, space)
+            helpers = exec_release_file(source, BUFFER_UTILS, space)
             helpers.torch = _UnpinnedTorch()
             for name, value in vars(helpers).items():
                 if not name.startswith("__"):
                     space.provide("vllm.v1.worker.gpu.buffer_utils", name, value)
-        module = _exec(source, BLOCK_TABLE, space)
+        module = exec_release_file(source, BLOCK_TABLE, space)
     except LoadError as exc:
         raise InterfaceDrift(f"{BLOCK_TABLE}: {exc}") from None
-    block_tables = getattr(module, "BlockTables", None)
+    block_tables: Any = getattr(module, "BlockTables", None)  # a release's class: checked below
     for name in ("compute_slot_mappings", "append_block_ids", "apply_staged_writes"):
         if not hasattr(block_tables, name):
             raise InterfaceDrift(f"{BLOCK_TABLE}: BlockTables has no {name} (renamed or removed "

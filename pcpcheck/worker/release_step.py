@@ -19,6 +19,7 @@ manager builds from the global map with `_convert_to_gathered_slot_mappings`).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import torch
@@ -63,7 +64,7 @@ def _call_entry(release: Release, name: str, tensors, slots, nd: int, shard: boo
     return (k,), out_slots
 
 
-def rank_inputs(case: Case, release: Release, rank: int) -> dict:
+def rank_layout(case: Case, release: Release, rank: int) -> dict:
     """This rank's layout view (expanded regimes: from its own manager) and gather inputs."""
     batch = case.batch
     if batch.regime in DRAFT_REGIMES:  # later draft steps: replicated, unexpanded (sem section 2)
@@ -95,14 +96,15 @@ def rank_step(case_json: str, source_spec: dict, rank: int) -> dict:
     """One rank's whole step (the process seam; see the module docstring)."""
     case = Case.from_json(case_json)
     release = release_from_spec(source_spec)
-    report = {"layout_error": None, "error": None, "error_detail": None, "value": None,
-              "inputs": None, "entry": _entry_name(release, len(case.tensors)), "order": None,
-              "kernels": False, "split": False, "slot_map1": None, "group1": None}
+    report: dict[str, Any] = {
+        "layout_error": None, "error": None, "error_detail": None, "value": None, "inputs": None,
+        "entry": _entry_name(release, len(case.tensors)), "order": None, "kernels": False,
+        "split": False, "slot_map1": None, "group1": None}
     try:
         case, report["order"] = in_release_order(case, release)
         report["kernels"] = (case.batch.regime not in DRAFT_REGIMES
                              and kernel_step(release, case.batch))
-        report.update(rank_inputs(case, release, rank))
+        report.update(rank_layout(case, release, rank))
     except Exception as exc:  # noqa: BLE001 - the release's manager failed on a well-formed step
         report["layout_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
         return report

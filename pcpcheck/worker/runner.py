@@ -51,7 +51,7 @@ class RankOutcome:
 class RankGroup:
     """The vLLM-style group a rank sees: world_size, rank_in_group, all_gather(t, dim)."""
 
-    def __init__(self, world: "RankWorld", rank: int):
+    def __init__(self, world: RankWorld, rank: int):
         self._world = world
         self.world_size = world.size
         self.rank_in_group = rank
@@ -143,6 +143,7 @@ class RankWorld:
             case.returned.append(rank)
 
     def trace(self, rank: int) -> list[tuple]:
+        assert self._case is not None  # a rank asks from within its case
         return self._case.outcomes[rank].trace
 
     def all_gather(self, rank: int, tensor: torch.Tensor, dim: int) -> torch.Tensor:
@@ -151,6 +152,7 @@ class RankWorld:
             raise TypeError(f"all_gather takes a tensor, got {type(tensor).__name__}")
         if not isinstance(dim, int):
             raise TypeError(f"all_gather takes an int dim, got {type(dim).__name__}")
+        assert case is not None  # a rank calls it from within its case
         case.outcomes[rank].trace.append(("all_gather", dim, tuple(tensor.shape), str(tensor.dtype)))
         case.pending[rank] = (dim, tensor)
         greenlet.getcurrent().parent.switch()  # wait: the scheduler resumes us with a result

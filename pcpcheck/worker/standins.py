@@ -44,7 +44,8 @@ import logging
 import sys
 import threading
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pcpcheck.worker import rankctx
 from pcpcheck_spec.names import PAD_SLOT_ID
@@ -132,7 +133,7 @@ class Inert:
 
     __slots__ = ("_name", "_space")
 
-    def __init__(self, name: str, space: "StandInSpace | None"):
+    def __init__(self, name: str, space: StandInSpace | None):
         object.__setattr__(self, "_name", name)
         object.__setattr__(self, "_space", space)
 

@@ -9,10 +9,11 @@ Lines that differ from correct.py: the signature (no `shard_decode_requests`) an
 Correct in replicated, dcp, draft, draft-mixed (branches A, C, D, E are correct.py's).
 
 `pcpcheck check` reports the sharded regime not applicable to it (no shard flag: its era has no
-decode sharding). Driven sharded anyway, the first report would be COLLECTIVE. Minimal case: rank 0 holds the decode (nd == L: branch
-C, no collective), rank 1 holds only padding (nd == 0: branch D, one all_gather): the ranks'
-collective traces differ. (pcpcheck's runner detects the all_gather no peer joins and reports it
-as COLLECTIVE; a runner that turned it into an error on the waiting rank would report RETURNS.)
+decode sharding). Driven sharded anyway, the first report would be COLLECTIVE. Minimal case:
+rank 0 holds the decode (nd == L: branch C, no collective), rank 1 holds only padding (nd == 0:
+branch D, one all_gather): the ranks' collective traces differ. (pcpcheck's runner detects the
+all_gather no peer joins and reports it as COLLECTIVE; a runner that turned it into an error on
+the waiting rank would report RETURNS.)
 The checker's loader gives `accepts_shard=False`, so the target is called without the flag.
 """
 
