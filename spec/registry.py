@@ -1,8 +1,9 @@
 """The invariant registry: every ID of SPEC.md with its predicate, scope and regimes.
 
-The judge (pcpcheck.judge.verdict.judge), the verdict table and the SPEC-ID tests iterate REGISTRY; its
-order is the reporting priority (a case is reported under the first ID it violates). Adding an
-invariant is one entry here, one predicate in spec/invariants.py and one section in SPEC.md.
+The judge (pcpcheck.judge.verdict.judge), the verdict table and the SPEC-ID tests iterate
+REGISTRY; its order is the reporting priority (a case is reported under the first ID it
+violates). Adding an invariant is one entry here, one predicate in spec/invariants.py and one
+section in SPEC.md.
 
 An entry reads its predicate's arguments from an index-level observation of one case (`Step`):
 plain data, the fields SPEC.md's "What is observable" lists.
@@ -89,8 +90,9 @@ class Invariant:
 _D1 = tuple(regime for regime in REGIMES if regime != DCP)  # every rank holds a full replica
 
 REGISTRY: tuple[Invariant, ...] = (
-    # Judged in the driver of `pcpcheck vllm` on each rank's manager view (pcpcheck.judge.release_case), not
-    # by `evaluate`: the Step of a gather call has no layout. Drafts use no manager.
+    # Judged in the driver of `pcpcheck vllm` on each rank's manager view
+    # (pcpcheck.judge.release_case), not by `evaluate`: the Step of a gather call has no layout.
+    # Drafts use no manager.
     Invariant(LAYOUT, inv.layout_conformance, PER_MANAGER, (SHARDED, REPLICATED, DCP),
               lambda expected, actual: (expected, actual), checkers=(RELEASE,)),
     Invariant(RETURNS, inv.returns, PER_RANK, REGIMES,

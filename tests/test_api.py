@@ -26,7 +26,9 @@ from pcpcheck.judge.baseline import parse_baseline
 from pcpcheck.render import outputs
 from pcpcheck.render.progress import LinePrinter
 from pcpcheck_spec.names import DRAFT_MIXED, REPLICA, REPLICATED, SHARD, SHARDED
-from pcpcheck_spec.registry import GATHER_IDS as IDS  # `pcpcheck check`'s IDs (LAYOUT: pcpcheck vllm)
+from pcpcheck_spec.registry import (
+    GATHER_IDS as IDS,  # `pcpcheck check`'s IDs (LAYOUT: pcpcheck vllm)
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / "tests" / "zoo"

@@ -12,8 +12,20 @@ import tomllib
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from pcpcheck_spec.names import DCP, DRAFT, DRAFT_MIXED, HAZARD_REGIMES, PAD_HYGIENE, REPLICA, SHARD, SHARDED, UNIQUE
-from pcpcheck_spec.registry import GATHER_IDS as IDS  # `pcpcheck check`'s IDs (LAYOUT: pcpcheck vllm)
+from pcpcheck_spec.names import (
+    DCP,
+    DRAFT,
+    DRAFT_MIXED,
+    HAZARD_REGIMES,
+    PAD_HYGIENE,
+    REPLICA,
+    SHARD,
+    SHARDED,
+    UNIQUE,
+)
+from pcpcheck_spec.registry import (
+    GATHER_IDS as IDS,  # `pcpcheck check`'s IDs (LAYOUT: pcpcheck vllm)
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / "tests" / "zoo"

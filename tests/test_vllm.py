@@ -21,7 +21,17 @@ from pcpcheck.faces.cli import main
 from pcpcheck.shared.case import Case, TensorSpec
 from pcpcheck.shared.errors import InterfaceDrift, SourceError
 from pcpcheck.shared.source import GATHERS, MANAGER, fetch_release
-from pcpcheck_spec.names import DCP, DRAFT, DRAFT_MIXED, LAYOUT, REPLICATED, RETURNS, SHARDED, Batch, Request
+from pcpcheck_spec.names import (
+    DCP,
+    DRAFT,
+    DRAFT_MIXED,
+    LAYOUT,
+    REPLICATED,
+    RETURNS,
+    SHARDED,
+    Batch,
+    Request,
+)
 from pcpcheck_spec.registry import GATHER_IDS, RELEASE, pairs
 
 VLLMLIKE = Path(__file__).parent / "vllmlike"

@@ -88,10 +88,16 @@ def check_steps(source, steps, *, timeout: float = DEFAULT_TIMEOUT, shrink: bool
     """Recorded steps of a live vLLM (a recording file or directory, docs/record.md) replayed
     through a release's path (`pcpcheck vllm SOURCE --steps`): every invariant judged on each
     step, and each rank's recorded slot map and num_decode_tokens compared with what the release
-    computes; a violated step shrunk (shrink=True). Returns a pcpcheck.search.step_replay.StepsResult.
-    Raises UsageError (a malformed line, naming FILE:LINE) before anything runs, and the errors
-    of check_release."""
-    from pcpcheck.search.step_replay import StepsResult, outputs_hashed, read_recording, recording_files, replay_steps
+    computes; a violated step shrunk (shrink=True). Returns a
+    pcpcheck.search.step_replay.StepsResult. Raises UsageError (a malformed line, naming
+    FILE:LINE) before anything runs, and the errors of check_release."""
+    from pcpcheck.search.step_replay import (
+        StepsResult,
+        outputs_hashed,
+        read_recording,
+        recording_files,
+        replay_steps,
+    )
     from pcpcheck.shared.source import resolve
     files = [str(f) for f in recording_files(steps)]
     recorded = read_recording(steps)

@@ -132,8 +132,8 @@ def _search_regime(target, runner, options: Options, regime: str, deadline, on_c
 
 
 def _search_in_drivers(source: str, options: Options, jobs: int, progress: Progress):
-    """The regimes searched by `jobs` driver processes at once (pcpcheck.search.jobs); progress lines
-    in regime order, each when it and every regime before it are done."""
+    """The regimes searched by `jobs` driver processes at once (pcpcheck.search.jobs); progress
+    lines in regime order, each when it and every regime before it are done."""
     def open_backend():
         runner = make_runner("threads", timeout=options.timeout, world_sizes=options.world_sizes,
                              device=options.device)

@@ -1,15 +1,15 @@
 """Backends: where the ranks of a case run, seen from the driver. The target runs only in worker
 processes (pcpcheck.worker), never here.
 
-    driver (pcpcheck.api / engine / judge)         workers (forked by the driver's fork server)
-    draws a case -> judge.run_cases:
-      judge.prepare(case)  ------ inputs as bytes ----->  load target (one instance per rank),
+    driver (pcpcheck.api, search, judge)           workers (forked by the driver's fork server)
+    draws a case -> judge.run.run_cases:
+      prepare(case)  ------------ inputs as bytes ----->  load target (one instance per rank),
       backend.run_many(prepareds, target)                 call it on P ranks, read outputs raw
-      judge.observe(...) <------ plain data ------------- errors, traces, output, tensor bytes
-      judge.judge(...) -> verdict, exit code
+      observe(...) <------------- plain data ------------- errors, traces, output, tensor bytes
+      judge(...) -> verdict, exit code
 
 Files: base.py (the Backend interface), threads.py (one worker, P ranks as greenlets),
-distributed.py (gloo/nccl: P workers in a torch.distributed group), torchrun.py (under
+distributed.py (gloo/nccl: P workers in a torch.distributed group), torchrun_store.py (under
 torchrun), pool.py (starting, timing and stopping worker processes), forkserver.py (the process
 that imports torch once and forks every worker). What crosses to a worker and back:
 pcpcheck.shared.protocol; the bytes: pcpcheck.shared.wire.

@@ -1,5 +1,5 @@
-"""Under torchrun (`python -m pcpcheck.faces.torchrun ...`, or `torchrun ... -m pcpcheck.faces.torchrun_rank`):
-the transport of every torchrun process.
+"""Under torchrun (`python -m pcpcheck.faces.torchrun ...`, or `torchrun ... -m
+pcpcheck.faces.torchrun_rank`): the transport of every torchrun process.
 
 Every torchrun process is a supervisor that never imports the target: it starts one worker
 (pcpcheck.worker.main) that joins torchrun's process group (env://) as its rank. The

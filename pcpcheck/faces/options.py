@@ -1,6 +1,6 @@
-"""The command line's arguments: one parser for `pcpcheck check|diff|vllm`, read by the commands
-(pcpcheck.faces.cli) and by torchrun's rank entry (pcpcheck.faces.torchrun_rank). Parsing imports nothing
-heavy: `pcpcheck --version` and `--help` answer at once."""
+"""The command line's arguments: one parser for `pcpcheck check|diff|vllm`, read by the command
+(pcpcheck.faces.cli) and by torchrun's rank entry (pcpcheck.faces.torchrun_rank). Parsing imports
+nothing heavy: `pcpcheck --version` and `--help` answer at once."""
 
 from __future__ import annotations
 
@@ -122,7 +122,8 @@ def _add_exhaustive(parser: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command line's parser (pcpcheck.faces.cli's commands; torchrun's rank entry takes `check`'s)."""
+    """The command line's parser (the command's subcommands; torchrun's rank entry takes
+    `check`'s)."""
     parser = _Parser(prog="pcpcheck", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"pcpcheck {version()}")
     commands = parser.add_subparsers(dest="command", parser_class=_Parser)

@@ -1,7 +1,8 @@
 """One torchrun process: `torchrun --standalone --nproc-per-node P -m pcpcheck.faces.torchrun_rank
 [pcpcheck check arguments]` (or `python -m pcpcheck.faces.torchrun`, which keeps torch's failure
-report off the output). Rank 0 runs `pcpcheck check` (pcpcheck.faces.commands.run_check) on the API with a
-backend that spans every rank; the others serve it; every rank exits with rank 0's code."""
+report off the output). Rank 0 runs `pcpcheck check` (pcpcheck.faces.commands.run_check) on the
+API with a backend that spans every rank; the others serve it; every rank exits with rank 0's
+code."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What a case exercised: the gather branch each rank takes (A-E, pcp-semantics section 5) and
 the layout features of the step (section 2). Worked out in the driver from the case and the
-reference's layout of it (judge.plan), never from what the target returned (a release's own
+reference's layout of it (prepare.plan), never from what the target returned (a release's own
 manager reports its layout: that is judged, not trusted for coverage), and counted
 per regime beside the invariants (engine.RegimeResult), so that every report says what a pass
 never exercised: a feature no case reached is shown as 0.

@@ -166,7 +166,8 @@ def _spec_verdict(observation) -> str:
 
 
 def difference(pair, regime: str, old_name: str, new_name: str) -> str:
-    """A diff's finding (a pcpcheck.judge.compare.Pair): both outcomes side by side, rank by rank."""
+    """A diff's finding (a pcpcheck.judge.compare.Pair): both outcomes side by side, rank by
+    rank."""
     case = pair.old.prepared.case
     lines = [f"Outcomes differ (regime {regime}): {describe(case)}",
              f"  old = {old_name}: {_spec_verdict(pair.old)}",

@@ -1,7 +1,7 @@
 """One release case judged in the driver: each rank's layout (from its worker's report, plain
 data) against the reference of the release's era (LAYOUT), then the caches by every gather
-invariant (pcpcheck.judge.verdict.judge). Release code never runs here (pcpcheck.worker.release_step runs it in the
-worker)."""
+invariant (pcpcheck.judge.verdict.judge). Release code never runs here
+(pcpcheck.worker.release_step runs it in the worker)."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def observe_release_case(case: Case, release: ReleaseInfo, backend) -> ReleaseOb
 
 def run_release_cases(cases, release: ReleaseInfo, backend):
     """The engine's run_many for a release: the steps streamed through the backend's worker
-    (several in flight, as judge.run_cases streams a gather's cases), each judged here."""
+    (several in flight, as run.run_cases streams a gather's cases), each judged here."""
     pending = []
 
     def steps():

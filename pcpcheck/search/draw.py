@@ -18,7 +18,15 @@ import pcpcheck_reference as reference
 from pcpcheck.shared.case import DTYPES, Case, TensorSpec
 from pcpcheck.shared.defaults import DEFAULT_MAX_RANKS, MAX_RANKS, MIN_RANKS
 from pcpcheck_spec import model
-from pcpcheck_spec.names import DCP, DRAFT_DECODE_THRESHOLD, DRAFT_MIXED, DRAFT_REGIMES, REGIMES, Batch, Request
+from pcpcheck_spec.names import (
+    DCP,
+    DRAFT_DECODE_THRESHOLD,
+    DRAFT_MIXED,
+    DRAFT_REGIMES,
+    REGIMES,
+    Batch,
+    Request,
+)
 
 # Trailing shapes as the callers pass them: MLA's latent (R,) and k_pe (1, R) flattened, the
 # indexer's (H,). Each row must have >= 4 bytes to carry its label.

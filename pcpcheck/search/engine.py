@@ -5,9 +5,10 @@ builder as the hypothesis strategy, 10-20x cheaper per case than a hypothesis ex
 streams them through the backend, several in flight. The smallest case violating each invariant
 goes to hypothesis as a stored example (its choices); hypothesis replays it and shrinks it.
 
-After the search each counterexample's case runs again (pcpcheck.search.minimize.replay_counterexample): a violation
-that its own replays do not always show is flaky (the target does not behave the same on the same
-case), and the report says so rather than presenting it as an ordinary, shrunk case.
+After the search each counterexample's case runs again
+(pcpcheck.search.minimize.replay_counterexample): a violation that its own replays do not always
+show is flaky (the target does not behave the same on the same case), and the report says so
+rather than presenting it as an ordinary, shrunk case.
 
 Each invariant gets its own exception class, so hypothesis treats violations of different
 invariants as different bugs and shrinks each to its own minimal case (report_multiple_bugs).
@@ -127,7 +128,7 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = D
            reduce: bool = True, on_wait=None) -> RegimeResult:
     """Check `target` on up to max_examples drawn cases of one regime, shrinking violations.
 
-    Generate, then shrink: cases are drawn by cases.draw_case (seeded: 0 when derandomize,
+    Generate, then shrink: cases are drawn by draw.draw_case (seeded: 0 when derandomize,
     else `seed` or a random one) and streamed through `run_many` (several in flight); the smallest
     case violating each invariant is then handed to hypothesis as a stored example (its choices),
     which replays and shrinks it. Like hypothesis, generation stops early once violations have
@@ -378,8 +379,8 @@ class Search:
 
 
     def scan(self, observation: Observation) -> Observation:
-        """A costly counterexample's smallest form (pcpcheck.search.minimize.scan); the replay that ran
-        beside it stands for its replays."""
+        """A costly counterexample's smallest form (pcpcheck.search.minimize.scan); the replay
+        that ran beside it stands for its replays."""
         def attempt(n: int) -> None:
             self.phase = f"looking for the smallest case that shows it again, attempt {n}"
         found, replayed = scan(observation, self.target, self.runner, self.run_many, self.sizes,

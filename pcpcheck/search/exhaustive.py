@@ -1,5 +1,6 @@
-"""The exhaustive search of one regime: every step within a scope (pcpcheck.search.scope), each once,
-in order of size, streamed through the same run_many as the random search (several in flight).
+"""The exhaustive search of one regime: every step within a scope (pcpcheck.search.scope), each
+once, in order of size, streamed through the same run_many as the random search (several in
+flight).
 
 No shrinking: steps come smallest first, so the first step that violates an invariant is a
 smallest one. Once one has, the steps of its size (P, requests, tokens: reduce.size's order) are

@@ -1,14 +1,14 @@
 """What happens to a counterexample once the search has one: its smaller cases run until none
 shows it again, then its own case runs again to tell a flaky target from a steady one.
 
-- `reduced`: greedy reductions (pcpcheck.search.reduce.smaller) that keep its first violated invariant,
-  for a counterexample hypothesis shrank (its shrink can stop in a local minimum).
+- `reduced`: greedy reductions (pcpcheck.search.reduce.smaller) that keep its first violated
+  invariant, for a counterexample hypothesis shrank (its shrink can stop in a local minimum).
 - `scan`: a costly counterexample (a rank hung or died: every run of it costs a timeout or a
   worker) is not shrunk by hypothesis, whose every attempt could cost as much: its smaller cases
   (reduce.ascending) are tried in order of size, each beside its replay on a twin backend, so the
   first that shows it again is the smallest tried and its replay ran in the same wait.
-- `replay_counterexample`: the counterexample's case REPLAYS more times (a costly one once); a violation its own
-  replays do not always show is flaky.
+- `replay_counterexample`: the counterexample's case REPLAYS more times (a costly one once); a
+  violation its own replays do not always show is flaky.
 What cut a phase short is the counterexample's `note`, which the report prints.
 """
 

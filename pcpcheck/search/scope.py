@@ -25,7 +25,14 @@ from dataclasses import dataclass
 import pcpcheck_reference as reference
 from pcpcheck.search.draw import kernel_decode_tokens
 from pcpcheck.shared.case import Case, TensorSpec
-from pcpcheck_spec.names import DCP, DRAFT_DECODE_THRESHOLD, DRAFT_MIXED, DRAFT_REGIMES, Batch, Request
+from pcpcheck_spec.names import (
+    DCP,
+    DRAFT_DECODE_THRESHOLD,
+    DRAFT_MIXED,
+    DRAFT_REGIMES,
+    Batch,
+    Request,
+)
 
 TENSORS = (TensorSpec((4,), "float32"),)
 

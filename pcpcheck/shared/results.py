@@ -72,8 +72,8 @@ class RegimeSummary:
     not_applicable: str | None = None  # why the target cannot reach this regime (nothing drawn)
     slowest_call: float = 0.0  # seconds of the slowest rank's call of any case
     mean_call: float = 0.0  # the slowest rank's call per case, on average
-    # What the cases exercised (pcpcheck.judge.coverage), every branch and feature, 0 where none did:
-    # (branch letter, cases whose ranks took it), (layout feature, cases exercising it)
+    # What the cases exercised (pcpcheck.judge.coverage), every branch and feature, 0 where none
+    # did: (branch letter, cases whose ranks took it), (layout feature, cases exercising it)
     branches: tuple[tuple[str, int], ...] = ()
     features: tuple[tuple[str, int], ...] = ()
     scope_steps: int | None = None  # exhaustive: the steps the scope holds (`cases` of them ran)

@@ -37,7 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 from pcpcheck.shared.errors import LoadError
 from pcpcheck.worker import rankctx
-from pcpcheck.worker.standins import STANDIN_ROOT, Inert, StandInError, StandInSpace, is_standin_name
+from pcpcheck.worker.standins import (
+    STANDIN_ROOT,
+    Inert,
+    StandInError,
+    StandInSpace,
+    is_standin_name,
+)
 
 if TYPE_CHECKING:  # annotations only: the loader imports nothing it does not run
     from pcpcheck.shared.source import Source

@@ -6,7 +6,14 @@ carried in the JSON (`release.paths`)."""
 
 from __future__ import annotations
 
-from pcpcheck.shared.protocol import BATCH_ORDER, CACHE_WRITE, GATHER_STAGE, MANAGER_STAGE, SLOT_MAPPING, WRAPPER
+from pcpcheck.shared.protocol import (
+    BATCH_ORDER,
+    CACHE_WRITE,
+    GATHER_STAGE,
+    MANAGER_STAGE,
+    SLOT_MAPPING,
+    WRAPPER,
+)
 from pcpcheck.shared.protocol import SPLIT as SPLIT_STAGE
 from pcpcheck.shared.source import MANAGER
 from pcpcheck.worker.release_excerpts import BACKEND_UTILS, MODEL_RUNNER, SORT, SPLIT, SPLIT_FLAGS

@@ -1,5 +1,5 @@
-"""Hostile target: writes nothing, and at import replaces `pcpcheck.faces.commands.run_check` (through
-sys.modules) with a function that reports nothing and returns exit code 0.
+"""Hostile target: writes nothing, and at import replaces `pcpcheck.faces.commands.run_check`
+(through sys.modules) with a function that reports nothing and returns exit code 0.
 
 Its behaviour deserves REPLICA on every rank that expects a cache entry, and exit code 1.
 """
