@@ -164,7 +164,7 @@ def _preload() -> None:
     """Everything a worker imports before it loads a target."""
     import torch.distributed  # noqa: F401 - gloo and nccl workers join a group
 
-    import pcpcheck.worker.loader
+    import pcpcheck.worker.loader  # the worker's load path
     import pcpcheck.worker.main  # noqa: F401 - the worker itself
 
 
