@@ -143,3 +143,23 @@ def test_replay_writes_the_json_verdict(tmp_path, pcpcheck_check):
 def test_every_drawn_case_is_well_formed_and_round_trips(case):
     """Validation rejects nothing the search draws (processes read every case through it)."""
     assert Case.from_json(case.to_json()) == case
+
+
+def _boom(*args, **kwargs):
+    raise ValueError("forced inside pcpcheck")
+
+
+@pytest.mark.parametrize("where", ["pcpcheck.judge.run.judge", "pcpcheck.judge.coverage.branches",
+                                   "pcpcheck.render.report.result_text"])
+def test_a_failure_inside_pcpcheck_exits_3_with_one_line_never_a_verdict(where, monkeypatch, capsys):
+    """The judge, the coverage count or the report failing is pcpcheck's fault: exit 3 (not 1,
+    a violation, nor 2, bad input) and one line saying so; --traceback adds where."""
+    monkeypatch.setattr(where, _boom)
+    argv = ["check", "impl", "--regime", "replicated", "--max-examples", "5", "--jobs", "1"]
+    assert main(argv) == 3
+    line = _one_line_error(capsys)
+    assert line.startswith("pcpcheck: internal error, a fault of pcpcheck and not of the target")
+    assert "ValueError: forced inside pcpcheck" in line
+    assert main([*argv, "--traceback"]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "_boom" in err

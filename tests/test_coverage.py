@@ -119,3 +119,21 @@ def test_a_release_check_reports_coverage():
     assert sum(n for _, n in summary.branches) == summary.cases
     assert [f for f, _ in summary.features] == list(coverage.FEATURES)
     assert "coverage (cases)" in report.result_text(result)
+
+
+def test_a_release_step_is_covered_in_the_layout_of_its_own_era():
+    """0.26-0.29's manager splits a short DCP prefill that 0.30 on replicates on every rank: a
+    step padded past the widest rank of its own era (as release_search.era_case pads it) is
+    narrower than the current era's widest rank. Its coverage is worked out in its era's layout,
+    the era its Prepared carries; the current era's layout refuses the step (pcpcheck vllm
+    0.29.0 ended in that ValueError, out of the coverage count)."""
+    from types import SimpleNamespace
+
+    from pcpcheck.search.engine import RegimeResult, count_coverage
+    from pcpcheck_reference import ERA_V026
+    case = _case(DCP, 2, [(5, True, 0)], block_size=4, graph_size=4)
+    with pytest.raises(ValueError, match="graph_size 4 below the largest rank-local count 5"):
+        F.branches(case)
+    result = RegimeResult(regime=DCP)
+    count_coverage(result, SimpleNamespace(prepared=SimpleNamespace(case=case, era=ERA_V026)))
+    assert (dict(result.branches), dict(result.features)) == ({"D": 1}, {F.GRAPH_PADDING: 1})

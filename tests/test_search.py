@@ -99,7 +99,8 @@ class _Judged:
 
     def __init__(self, case, violated):
         from pcpcheck.judge.verdict import Violation
-        self.prepared = type("Prepared", (), {"case": case})()
+        from pcpcheck_reference import ERA_CURRENT
+        self.prepared = type("Prepared", (), {"case": case, "era": ERA_CURRENT})()
         self.violations = [Violation(i, [0]) for i in violated]
         self.checked = ("UNIQUE", REPLICA)
         self.ranks, self.costly, self.note = [], False, ""

@@ -8,7 +8,8 @@ and every error into one line and an exit code.
     pcpcheck vllm SOURCE [options]    check a vLLM release's own PCP path on every rank
 
 Exit codes: 0 every invariant holds (diff: no difference), 1 a violation (diff: a difference),
-2 a usage or load error (one line on stderr, no traceback).
+2 a usage or load error (one line on stderr, no traceback), 3 pcpcheck's own failure (one line;
+its traceback with --traceback), never a verdict.
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ def main(argv: list[str] | None = None, *, prefork: bool = False) -> int:
 
 
 def _main(argv: list[str], prefork: bool) -> int:
-    from pcpcheck.shared.errors import ERRORS, error_line
-    from pcpcheck.shared.results import EXIT_USAGE
+    from pcpcheck.shared.errors import ERRORS, error_line, internal_error_line
+    from pcpcheck.shared.results import EXIT_INTERNAL, EXIT_USAGE
     try:
         from pcpcheck.faces.options import parse
         args = parse(argv)
@@ -84,6 +85,12 @@ def _main(argv: list[str], prefork: bool) -> int:
     except OSError as exc:
         print(f"pcpcheck: cannot write {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001 - pcpcheck's own failure: its exit code, never a verdict's
+        print(f"pcpcheck: {internal_error_line(exc)}", file=sys.stderr)
+        if "--traceback" in argv:
+            import traceback
+            traceback.print_exception(exc)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -61,6 +61,8 @@ def _add_search(parser: argparse.ArgumentParser, max_examples: int, unit: str) -
                         help="seconds a rank may take for one case before it counts as hung")
     parser.add_argument("--json", metavar="FILE",
                         help="write the result as JSON (schema: docs/json-schema.md)")
+    parser.add_argument("--traceback", action="store_true",
+                        help="on a failure of pcpcheck itself (exit 3), also print its traceback")
 
 
 def _add_ci_outputs(parser: argparse.ArgumentParser) -> None:

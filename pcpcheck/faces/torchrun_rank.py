@@ -10,8 +10,8 @@ import os
 import sys
 
 from pcpcheck.faces.options import parse
-from pcpcheck.shared.errors import ERRORS, UsageError, error_line
-from pcpcheck.shared.results import EXIT_USAGE
+from pcpcheck.shared.errors import ERRORS, UsageError, error_line, internal_error_line
+from pcpcheck.shared.results import EXIT_INTERNAL, EXIT_USAGE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     except ERRORS as exc:
         print(f"pcpcheck: {error_line(exc)}", file=sys.stderr)
         code = EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001 - pcpcheck's own failure: its exit code, never a verdict's
+        print(f"pcpcheck: {internal_error_line(exc)}", file=sys.stderr)
+        if args.traceback:
+            import traceback
+            traceback.print_exception(exc)
+        code = EXIT_INTERNAL
     finally:
         session.finish(code)
         _exit(code)

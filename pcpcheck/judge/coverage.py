@@ -40,18 +40,19 @@ FEATURES = (GRAPH_PADDING, DP_PADDING, MAP_PAST_ND, INTERLEAVE_2, EMPTY_RANK, RO
             SHORT_PREFILL_REPLICATED, KV_GROUPS, SPLIT_HEAD_TAIL)
 
 
-def branches(case: Case) -> set[str]:
+def branches(case: Case, era: str = reference.ERA_CURRENT) -> set[str]:
     """The branches the ranks of a case take (spec.model.branch of each rank's call in the
-    reference layout; a well-formed case's ranks all take the same one)."""
-    tokens, slot_maps, nds, shard = plan(case.batch)[:4]
+    reference layout of `era`, a release's own; a well-formed case's ranks all take the same
+    one)."""
+    tokens, slot_maps, nds, shard = plan(case.batch, era)[:4]
     return {model.branch(tokens.shape[1], len(slots), nd, shard)
             for slots, nd in zip(slot_maps, nds)}
 
 
-def features(case: Case) -> set[str]:
-    """The layout features of FEATURES a case exercises."""
+def features(case: Case, era: str = reference.ERA_CURRENT) -> set[str]:
+    """The layout features of FEATURES a case exercises (in the reference layout of `era`)."""
     batch = case.batch
-    tokens, slot_maps, nds, shard = plan(batch)[:4]
+    tokens, slot_maps, nds, shard = plan(batch, era)[:4]
     real_per_rank = (tokens >= 0).sum(axis=1)
     found = set()
     if batch.regime not in DRAFT_REGIMES and tokens.shape[1] > real_per_rank.max(initial=0):
@@ -70,7 +71,7 @@ def features(case: Case) -> set[str]:
         found.add(ROUND_ROBIN)
     if batch.regime not in DRAFT_REGIMES:
         two_p = 2 * batch.pcp_size
-        replicated = reference.replicated_requests(batch)
+        replicated = reference.replicated_requests(batch, era)
         for request, copied in zip(batch.requests, replicated):
             if not request.prefilling or not request.num_tokens:
                 continue

@@ -54,6 +54,7 @@ class Prepared:
     shard: bool
     expected: list[dict[int, int]]  # per rank: slot -> token
     labels: np.ndarray  # sorted distinct input row labels, to decode outputs
+    era: str = reference.ERA_CURRENT  # the reference layout's era (a release's: its own)
 
     _content: dict = field(default_factory=dict, repr=False)
     # What observe already worked out for an earlier rank of this case (ranks often return the
@@ -101,21 +102,22 @@ def prepare(case: Case) -> Prepared:
                     nds=list(nds), shard=shard, expected=expected, labels=labels)
 
 
-def plan(batch: Batch) -> tuple:
-    """What a case's preparation takes from its batch alone, the reference's layout and caches:
-    (tokens, slot maps, nds, shard, the caches each DCP rank must hold, sorted labels). Batches
-    recur (hypothesis draws a batch again with other tensors, and shrinks by small steps), so
-    this is kept per batch; its arrays are shared by every case of the batch: read only."""
+def plan(batch: Batch, era: str = reference.ERA_CURRENT) -> tuple:
+    """What a case's preparation takes from its batch alone, the reference's layout (of `era`)
+    and caches: (tokens, slot maps, nds, shard, the caches each DCP rank must hold, sorted
+    labels). Batches recur (hypothesis draws a batch again with other tensors, and shrinks by
+    small steps), so this is kept per batch; its arrays are shared by every case of the batch:
+    read only."""
     try:
         hash(batch)
     except TypeError:  # a Batch built by hand with a list somewhere: not kept
-        return _reference_plan(batch)
-    return _kept_plan(batch)
+        return _reference_plan(batch, era)
+    return _kept_plan(batch, era)
 
 
-def _reference_plan(batch: Batch) -> tuple:
+def _reference_plan(batch: Batch, era: str) -> tuple:
     slots = reference.global_slot_maps(batch)  # once, for both the layout and the caches
-    layout = reference.layout(batch, slots)
+    layout = reference.layout(batch, slots, era=era)
     tokens = np.asarray(layout.tokens, dtype=np.int64).reshape(batch.pcp_size, -1)
     owned = reference.expected_caches(batch, slots)[:reference.dcp_size(batch)]  # D = 1: a replica
     return (tokens, tuple(np.asarray(m, dtype=np.int64) for m in layout.slot_maps),

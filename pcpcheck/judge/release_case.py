@@ -41,9 +41,10 @@ class ReleaseObservation(Observation):
     kv_groups: int = 1  # the KV-cache groups whose gather calls were judged
 
 
-def _prepared(case: Case, steps: list, fallback) -> Prepared:
-    """The driver's view of the ranks' inputs (from their reports; the reference layout for a
-    rank that has none) and the global write every rank's cache must equal (or shard)."""
+def _prepared(case: Case, steps: list, fallback, era: str) -> Prepared:
+    """The driver's view of the ranks' inputs (from their reports; the reference layout of the
+    release's `era` for a rank that has none) and the global write every rank's cache must equal
+    (or shard)."""
     tokens, slot_maps, nds = [], [], []
     for rank, step in enumerate(steps):
         if step is not None and step.get("tokens") is not None:
@@ -60,7 +61,7 @@ def _prepared(case: Case, steps: list, fallback) -> Prepared:
     shard = case.batch.regime == SHARDED
     labels = np.unique(np.concatenate(tokens)) if tokens else np.zeros(0, dtype=np.int64)
     return Prepared(case=case, tokens=tokens, sources=sources, slot_maps=slot_maps, nds=nds,
-                    shard=shard, expected=expected, labels=labels)
+                    shard=shard, expected=expected, labels=labels, era=era)
 
 
 def _step(result) -> dict | None:
@@ -110,7 +111,7 @@ def judge_release_case(case: Case, results, release: ReleaseInfo) -> ReleaseObse
     expanded = batch.regime not in DRAFT_REGIMES
     caps = capabilities(release)
     prepared = _prepared(case, [s if s and not s.get("layout_error") else None for s in steps],
-                         reference.layout(batch, era=caps.era))
+                         reference.layout(batch, era=caps.era), caps.era)
     conforms = BY_ID[LAYOUT].predicate
     layout_bad, diffs, views = [], {}, []
     for rank, (result, step) in enumerate(zip(results, steps)):

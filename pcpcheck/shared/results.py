@@ -22,7 +22,8 @@ from pcpcheck.shared.defaults import (
 )
 
 SCHEMA_VERSION = 1
-EXIT_HOLDS, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
+# 0 holds, 1 a violation, 2 an error in what pcpcheck was given, 3 pcpcheck's own failure
+EXIT_HOLDS, EXIT_VIOLATION, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 
 def version() -> str:
