@@ -7,17 +7,17 @@ spec.names, never spec/ logic, impl/ or pcpcheck/.
 from .cache import expected_caches, write_cache
 from .gather import branch, gather
 from .layout import (
-                     ERA_CURRENT,
-                     ERA_V026,
-                     ERAS,
-                     Layout,
-                     dcp_size,
-                     expand_slot_mapping,
-                     global_slot_maps,
-                     global_slots,
-                     hidden_restore_index,
-                     layout,
-                     replicated_requests,
+    ERA_CURRENT,
+    ERA_V026,
+    ERAS,
+    Layout,
+    dcp_size,
+    expand_slot_mapping,
+    global_slot_maps,
+    global_slots,
+    hidden_restore_index,
+    layout,
+    replicated_requests,
 )
 
 __all__ = [

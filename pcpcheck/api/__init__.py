@@ -19,31 +19,31 @@ JUnit, HTML and reproducers are renderings of a result, pcpcheck.shared.results)
 from pcpcheck.api.common import Progress, read_case
 from pcpcheck.api.process import prefork, torchrun_session, use_cache_dir
 from pcpcheck.api.release import (
-                                  check_release,
-                                  check_steps,
-                                  release_info,
-                                  release_record,
-                                  replay_release,
+    check_release,
+    check_steps,
+    release_info,
+    release_record,
+    replay_release,
 )
 from pcpcheck.api.target import check, default_jobs, diff, replay, replay_case
 from pcpcheck.shared.errors import (
-                                  CheckerError,
-                                  InterfaceDrift,
-                                  LoadError,
-                                  SourceError,
-                                  UsageError,
-                                  WorkerError,
+    CheckerError,
+    InterfaceDrift,
+    LoadError,
+    SourceError,
+    UsageError,
+    WorkerError,
 )
 from pcpcheck.shared.results import (
-                                  CheckResult,
-                                  Counterexample,
-                                  DiffResult,
-                                  Options,
-                                  RegimeDiff,
-                                  RegimeSummary,
-                                  ReleaseRecord,
-                                  Verdict,
-                                  version,
+    CheckResult,
+    Counterexample,
+    DiffResult,
+    Options,
+    RegimeDiff,
+    RegimeSummary,
+    ReleaseRecord,
+    Verdict,
+    version,
 )
 
 __all__ = ["check", "check_release", "check_steps", "diff", "replay", "replay_case",

@@ -87,7 +87,7 @@ def _main(argv: list[str], prefork: bool) -> int:
         return EXIT_USAGE
     except Exception as exc:  # noqa: BLE001 - pcpcheck's own failure: its exit code, never a verdict's
         print(f"pcpcheck: {internal_error_line(exc)}", file=sys.stderr)
-        if "--traceback" in argv:
+        if "--traceback" in argv:  # read from argv: the failure may come before it parses
             import traceback
             traceback.print_exception(exc)
         return EXIT_INTERNAL

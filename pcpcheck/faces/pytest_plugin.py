@@ -113,7 +113,7 @@ class TargetCollector(pytest.Collector):
     def result(self):
         if self._result is None and self._error is None:
             from pcpcheck.api import check
-            from pcpcheck.shared.errors import ERRORS, error_line
+            from pcpcheck.shared.errors import ERRORS, CheckerError, error_line, internal_error_line
             config = self.config
             regimes = tuple(dict.fromkeys(config.getoption("pcp_regime"))) or None
             try:
@@ -124,6 +124,8 @@ class TargetCollector(pytest.Collector):
                                      function=config.getoption("pcp_function"))
             except ERRORS as exc:
                 self._error = f"pcpcheck cannot check {self.target}: {error_line(exc)}"
+            except CheckerError as exc:  # pcpcheck's own failure, named as such: no verdict
+                self._error = f"pcpcheck cannot check {self.target}: {internal_error_line(exc)}"
         if self._error is not None:
             raise CheckFailed(self._error)
         return self._result

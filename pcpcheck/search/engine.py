@@ -42,7 +42,7 @@ from pcpcheck.search.draw import cases, draw_case
 from pcpcheck.search.minimize import Replays, reduced, replay_counterexample, scan
 from pcpcheck.search.reduce import size
 from pcpcheck.shared.case import Case
-from pcpcheck.shared.defaults import DEFAULT_MAX_RANKS
+from pcpcheck.shared.defaults import DEFAULT_MAX_RANKS, MIN_RANKS
 from pcpcheck.shared.errors import CheckerError
 from pcpcheck.shared.protocol import TargetInfo
 from pcpcheck_spec.registry import IDS
@@ -225,7 +225,7 @@ class Search:
     @property
     def sizes(self) -> tuple[int, ...]:
         """The world sizes a case may shrink to."""
-        return tuple(self.pcp_sizes) if self.pcp_sizes else tuple(range(2, self.max_ranks + 1))
+        return self.pcp_sizes or tuple(range(MIN_RANKS, self.max_ranks + 1))
 
     @contextlib.contextmanager
     def watching(self, *backends):
