@@ -470,3 +470,29 @@ def test_ctrl_c_where_python_cannot_raise_it_still_exits_130(where, tmp_path):
     done = subprocess.run([sys.executable, "-m", "interrupted"], capture_output=True, text=True,
                           timeout=RUN_SECONDS, cwd=tmp_path)
     assert (done.returncode, done.stderr) == (130, "pcpcheck: interrupted\n")
+
+
+def test_ctrl_c_inside_torchs_cpp_initialisation_exits_130(tmp_path):
+    """torch's C++ initialisation (torch._C._c10d_init) imports Python modules through
+    pybind11: a KeyboardInterrupt raised in one aborts the process (SIGABRT, a C++ traceback).
+    SIGINT is raised there, deterministically, from a profile hook."""
+    fired = tmp_path / "fired"
+    (tmp_path / "interrupted.py").write_text(
+        "import signal, sys\n"
+        "from pcpcheck.faces import cli\n"
+        "assert 'torch' not in sys.modules\n"
+        "inside = []\n"
+        "def hook(frame, event, arg):\n"
+        "    if event == 'c_call' and getattr(arg, '__name__', '') == '_c10d_init':\n"
+        "        inside.append(True)\n"
+        "    elif event == 'call' and inside:\n"
+        "        sys.setprofile(None)\n"
+        f"        open({str(fired)!r}, 'w').close()\n"
+        "        signal.raise_signal(signal.SIGINT)\n"
+        "sys.setprofile(hook)\n"
+        "sys.argv = ['pcpcheck', 'check', 'impl']\n"
+        "raise SystemExit(cli.command())\n")
+    done = subprocess.run([sys.executable, "-m", "interrupted"], capture_output=True, text=True,
+                          timeout=RUN_SECONDS, cwd=tmp_path)
+    assert fired.exists(), "the hook never ran inside torch._C._c10d_init: find torch's new one"
+    assert (done.returncode, done.stderr) == (130, "pcpcheck: interrupted\n")

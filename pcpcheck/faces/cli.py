@@ -21,6 +21,7 @@ from typing import TextIO, cast
 __all__ = ["command", "main"]
 
 INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
+_sigint = {"deferred": False, "pending": False}
 
 
 def command() -> int:
@@ -32,6 +33,9 @@ def command() -> int:
 
     def on_sigint(signum, frame):
         interrupted.append(signum)
+        if _sigint["deferred"]:
+            _sigint["pending"] = True
+            return
         raise KeyboardInterrupt
 
     def unraisable(info, default=sys.unraisablehook):
@@ -70,6 +74,7 @@ def _main(argv: list[str], prefork: bool) -> int:
     try:
         from pcpcheck.faces.options import parse
         args = parse(argv)
+        _import_torch()
         from pcpcheck import api
         if prefork:
             api.prefork()
@@ -91,6 +96,20 @@ def _main(argv: list[str], prefork: bool) -> int:
             import traceback
             traceback.print_exception(exc)
         return EXIT_INTERNAL
+
+
+def _import_torch() -> None:
+    """Import torch with Ctrl-C held until it is done: its C++ initialisation calls back into
+    Python, and a KeyboardInterrupt raised in such a callback aborts the process (SIGABRT, a
+    C++ traceback) instead of unwinding to main."""
+    _sigint["deferred"] = True
+    try:
+        import torch  # noqa: F401 - imported here, once, for the reason above
+    finally:
+        _sigint["deferred"] = False
+    if _sigint["pending"]:
+        _sigint["pending"] = False
+        raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
