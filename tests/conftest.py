@@ -102,3 +102,15 @@ def spawn_gloo():
                                                      else f"over {CPU_SECONDS:g} s of CPU"))
 
     return spawn
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    """vLLM 0.33.0's wheel, fetched at test time (pip's cache makes a repeat fast)."""
+    from pcpcheck.shared.errors import SourceError
+    from pcpcheck.shared.source import fetch_release
+
+    try:
+        return fetch_release("0.33.0", tmp_path_factory.mktemp("wheel"))
+    except SourceError as exc:
+        pytest.fail(f"cannot fetch vllm==0.33.0 from the package registry: {exc}", pytrace=False)

@@ -69,6 +69,8 @@ def conforms(value, schema: dict, where: str = "$") -> list[str]:
                  for n in names)
         if not ok:
             return [f"{where}: {type(value).__name__} is not {names}"]
+    if "pattern" in schema and not re.search(schema["pattern"], value):
+        return [f"{where}: {value!r} does not match {schema['pattern']!r}"]
     if isinstance(value, dict):
         problems += [f"{where}: missing {key}" for key in schema.get("required", ()) if key not in value]
         for key, item in value.items():

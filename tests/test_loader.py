@@ -164,13 +164,7 @@ from vllm.model_executor.custom_op import CustomOp
 
 logger = init_logger(__name__)
 
-if current_platform.is_cuda():
-    raise RuntimeError("stand-in platform must be falsy")
-if current_platform.is_rocm() or envs.VLLM_SOME_FLAG:
-    raise RuntimeError("falsy")
-for _ in current_platform.supported_dtypes:
-    raise RuntimeError("iterates empty")
-assert current_platform != 3 and not (current_platform > 2)
+FLAG = envs.VLLM_SOME_FLAG  # bound, never used as a value
 
 
 @triton.jit
@@ -232,6 +226,53 @@ def test_many_vllm_imports_triton_and_platform(tmp_path):
     assert ceil == 4
     assert "vllm.v1.attention.ops.common.cp_lse_ag_out_rs" in target.stand_ins  # recorded at call
     assert _vllm_modules() == before
+
+
+# An inert is never a silent answer: each use that would need a real value stops the load, one
+# line naming the file, line and name.
+REFUSED_USES = {
+    "a truth value": "if current_platform.is_cuda():\n    pass",
+    "a container (iterated)": "for _ in current_platform.supported_dtypes:\n    pass",
+    "a container (in)": "_ = 3 in envs.VLLM_DISABLED_KERNELS",
+    "a value (compared)": "_ = envs.VLLM_CP_LEVEL > 2",
+    "a number": "_ = envs.VLLM_CP_LEVEL + 1",
+}
+
+
+@pytest.mark.parametrize("use", REFUSED_USES)
+def test_a_stand_in_used_as_a_value_stops_the_load_naming_file_line_and_name(tmp_path, use):
+    text = ("import vllm.envs as envs\nfrom vllm.platforms import current_platform\n"
+            f"{REFUSED_USES[use]}\n"
+            "def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens):\n"
+            "    return tensors, slot_mapping\n")
+    path = tmp_path / "pcp_refused.py"
+    path.write_text(text)
+    with pytest.raises(LoadError) as raised:
+        load_target(str(path))
+    message = str(raised.value)
+    assert f"{path}:3: " in message and f"used as {use}" in message, message
+    assert "vllm.platforms.current_platform" in message or "vllm.envs.VLLM_" in message, message
+
+
+def test_a_stand_in_used_as_a_value_at_call_time_stops_the_run_even_if_caught(tmp_path,
+                                                                              pcpcheck_check):
+    """Inside the gather, on every rank, with the error caught by the code: still no verdict."""
+    path = tmp_path / "pcp_late.py"
+    path.write_text(
+        "from vllm.platforms import current_platform\n"
+        "from vllm.distributed.parallel_state import get_pcp_group\n"
+        "def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens,\n"
+        "                                 shard_decode_requests=False):\n"
+        "    try:\n"
+        "        cuda = bool(current_platform.is_cuda())\n"
+        "    except TypeError:\n"
+        "        cuda = False\n"
+        "    group = get_pcp_group()\n"
+        "    return (tuple(group.all_gather(t, dim=0) for t in tensors),\n"
+        "            group.all_gather(slot_mapping, dim=0))\n")
+    with pytest.raises(LoadError, match=rf"{path}:6: vllm.platforms.current_platform.is_cuda\(\) "
+                                        r"is a stand-in, used as a truth value"):
+        pcpcheck_check([path, "--max-examples", "3", "--regime", "replicated"])
 
 
 def test_get_pcp_group_is_the_bound_group(tmp_path):

@@ -61,8 +61,10 @@ def test_correct_fixture_release_holds_and_names_its_files():
     files = dict(release.files)
     assert set(files) == {MANAGER, GATHERS[0]}
     assert all(len(digest) == 64 for digest in files.values())
-    assert "vllm.config.CUDAGraphMode (working stand-in)" in release.adapted
-    assert any(name.endswith("get_pcp_group") for name in result.stand_ins)
+    assert any(line.startswith("vllm.config.CUDAGraphMode (working stand-in; vllm.config: ")
+               for line in release.adapted), release.adapted
+    assert any(line.startswith("the process groups are pcpcheck's (the harness): ")
+               and "vllm.distributed.parallel_state" in line for line in result.stand_ins)
     assert all(r.cases == EXAMPLES for r in result.regimes)
     assert (release.layout_model, release.capabilities["wrapper_shard_keyword"]) == (
         "0.30", "pcp_shard_decode_requests")

@@ -24,9 +24,9 @@ from pcpcheck.api import check_release
 from pcpcheck.faces.cli import main
 from pcpcheck.search.release_search import era_case
 from pcpcheck.shared.case import Case, TensorSpec
-from pcpcheck.shared.errors import InterfaceDrift, SourceError
+from pcpcheck.shared.errors import InterfaceDrift
 from pcpcheck.shared.protocol import BATCH_ORDER, SLOT_MAPPING, SPLIT, Capabilities
-from pcpcheck.shared.source import GATHERS, MANAGER, fetch_release
+from pcpcheck.shared.source import GATHERS, MANAGER
 from pcpcheck.worker.release_excerpts import (
     BACKEND_UTILS,
     MODEL_RUNNER,
@@ -75,20 +75,13 @@ def _require_triton():
         pytest.skip("triton is not installed (pip install 'pcpcheck[kernels]')")
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
-    try:
-        return fetch_release("0.33.0", tmp_path_factory.mktemp("wheel"))
-    except SourceError as exc:
-        pytest.fail(f"cannot fetch vllm==0.33.0 from the package registry: {exc}", pytrace=False)
-
-
 def checkout(wheel: Path, root: Path, change: tuple[str, str, str] | None = None,
              more: tuple[str, ...] = ()) -> Path:
-    """The release's PCP files (and `more`) as a checkout, with `change` (file, old, new) made
-    exactly once."""
+    """The release's Python files as a checkout (its PCP files, `more`, and every module they
+    may import), with `change` (file, old, new) made exactly once."""
     with zipfile.ZipFile(wheel) as archive:
-        for relpath in FILES + more:
+        names = {n for n in archive.namelist() if n.startswith("vllm/") and n.endswith(".py")}
+        for relpath in sorted(names | set(FILES + more)):
             target = root / relpath
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(archive.read(relpath))
@@ -196,7 +189,7 @@ def test_without_triton_the_kernel_stage_is_modeled_and_says_so(wheel, tmp_path)
     paths = json.loads((tmp_path / "out.json").read_text())["release"]["paths"]
     stage = next(p for p in paths if p["stage"] == SLOT_MAPPING)
     assert stage["status"] == "modeled" and stage["reason"].startswith(NO_TRITON)
-    assert BLOCK_TABLE not in json.loads((tmp_path / "out.json").read_text())["release"]["files"]
+    assert stage["file"] is None  # read (the manager imports it), never run as the slot stage
 
 
 # a sort that loses a request fails the step's layout on every rank; a split one token long

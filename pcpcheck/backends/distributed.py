@@ -139,8 +139,12 @@ class DistributedBackend(BatchedBackend):
         outcomes = pool.wait_results(ranks_pool.workers, self.timeout, GRACE, watch=not careful,
                                      on_slow=self.on_slow)
         outcomes = [outcomes[rank] for rank in range(key)]  # arrival order -> rank order
-        results = [protocol.read_result(outcome[1], outcome[2])[0]
-                   if outcome[0] == "result" else None for outcome in outcomes]
+        try:
+            results = [protocol.read_result(outcome[1], outcome[2])[0]
+                       if outcome[0] == "result" else None for outcome in outcomes]
+        except LoadError:  # the run stops: what the ranks still owe must not reach another
+            self._retire(ranks_pool)
+            raise
         if all(result is not None and not result.poisoned for result in results):
             self._received(key)
             return "result", results

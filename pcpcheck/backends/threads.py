@@ -93,7 +93,11 @@ class ThreadsBackend(BatchedBackend):
         outcome = pool.wait_results([worker], self.timeout, GRACE, on_slow=self.on_slow)[0]
         if outcome[0] == "result":
             self._received(key)
-            return "result", protocol.read_result(outcome[1], outcome[2])
+            try:
+                return "result", protocol.read_result(outcome[1], outcome[2])
+            except LoadError:  # the run stops: what the worker still owes must not reach another
+                self._retire()
+                raise
         return "lost", self._lost(worker, outcome, size)
 
     def _lost(self, worker, outcome, size: int) -> list[RankResult]:

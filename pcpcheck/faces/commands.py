@@ -11,6 +11,7 @@ from pcpcheck.render import report
 from pcpcheck.render.outputs import check_outputs, write_outputs
 from pcpcheck.render.progress import LinePrinter
 from pcpcheck.render.repro import write_release_reproducer
+from pcpcheck.shared.results import unreached
 
 
 def run(args, runner=None) -> int:
@@ -105,7 +106,7 @@ def run_diff(args) -> int:
 
     def show(regime) -> None:
         if regime.not_applicable:
-            print(f"  {regime.regime:<12} not applicable: {regime.not_applicable}", flush=True)
+            print(f"  {regime.regime:<12} {unreached(regime.not_applicable, 'not applicable: ')}", flush=True)
             return
         state = "same outcomes" if regime.case is None else "DIFFERENT"
         print(f"  {regime.regime:<12} {regime.cases:>6} cases: {state}", flush=True)

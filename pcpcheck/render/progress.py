@@ -11,6 +11,7 @@ import time
 
 from pcpcheck.api import Progress, release_record
 from pcpcheck.render import report
+from pcpcheck.shared.results import unreached
 
 _REFRESH_S = 0.25
 PROGRESS_EVERY_S = 30.0  # a log's line for a regime still running, this often
@@ -70,7 +71,7 @@ class LinePrinter(Progress):
         if self.live:
             self.stream.write("\r\x1b[K")
         if summary.not_applicable:
-            print(f"  {summary.regime:<12} not applicable: {summary.not_applicable}",
+            print(f"  {summary.regime:<12} {unreached(summary.not_applicable, 'not applicable: ')}",
                   file=self.stream, flush=True)
             return
         budget = "  (budget reached)" if summary.budget_reached else ""

@@ -7,6 +7,7 @@ short, and the first line of each shown counterexample."""
 from __future__ import annotations
 
 from pcpcheck.render.report import cell, exhaustive_line
+from pcpcheck.shared.results import unreached
 from pcpcheck_spec.names import HAZARD_REGIMES
 from pcpcheck_spec.registry import GATHER_IDS, RELEASE_IDS
 
@@ -47,7 +48,7 @@ def summary_markdown(result) -> str:
                   "of the cases checked before it."]
     for summary in result.regimes:
         if summary.not_applicable:
-            lines.append(f"- {summary.regime}: not applicable: {_escape(summary.not_applicable)}")
+            lines.append(f"- {summary.regime}: {_escape(unreached(summary.not_applicable, 'not applicable: '))}")
     shown = [c for c in result.counterexamples if c.folded_into is None]
     if shown:
         lines += ["", "Counterexamples (the whole report, JSON and pages are in the artifacts):", ""]

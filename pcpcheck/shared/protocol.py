@@ -362,9 +362,10 @@ def _row_bytes(dtype: str, trailing: Iterable[int]) -> int:
 
 # --- a case's result: each rank's report --------------------------------------------------------
 
-def result_reply(ranks: list[wire.Header]) -> wire.Header:
-    """One case's result: each hosted rank's report (encode_rank), its tensors in the blobs."""
-    return {"op": RESULT, "ranks": ranks}
+def result_reply(ranks: list[wire.Header], refused: str | None = None) -> wire.Header:
+    """One case's result: each hosted rank's report (encode_rank), its tensors in the blobs;
+    `refused`: a use of a stand-in the code made, which no verdict may rest on."""
+    return {"op": RESULT, "ranks": ranks, "refused": refused}
 
 
 def is_result(header: wire.Header) -> bool:
@@ -372,7 +373,11 @@ def is_result(header: wire.Header) -> bool:
 
 
 def read_result(header: wire.Header, blobs: list[bytes]) -> list[RankResult]:
-    """Each rank's report of a RESULT message, decoded."""
+    """Each rank's report of a RESULT message, decoded; LoadError if the code under check used
+    a stand-in as a value (a verdict would rest on a value pcpcheck made up)."""
+    refused = header.get("refused")
+    if refused:
+        raise LoadError(f"{str(refused)[:400]}: the run stops (exit 2), no verdict")
     return [decode_rank(result, blobs) for result in header["ranks"]]
 
 

@@ -146,6 +146,16 @@ class PathStage:
     reason: str
 
 
+# A regime whose reach pcpcheck could not work out from the release's code (its not_applicable
+# reason starts so): nothing drawn, and the verdict says so, never assumed either way.
+NOT_EVALUATED = "not evaluated: "
+
+
+def unreached(reason: str, not_applicable: str = "n/a: ") -> str:
+    """A regime not run, in words: 'not evaluated: why', else `not_applicable` and why."""
+    return reason if reason.startswith(NOT_EVALUATED) else f"{not_applicable}{reason}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class ReleaseRecord:
     """What `check_release` checked: a vLLM release's files, as its worker read them."""
@@ -225,11 +235,12 @@ class CheckResult:
         return "holds" if self.holds else "violated"
 
     def verdicts(self) -> dict[str, str]:
-        """regime -> 'holds' | 'n/a: reason' | 'VIOLATED: ID, ID' (first IDs of its counterexamples)."""
+        """regime -> 'holds' | 'n/a: reason' | 'not evaluated: reason' | 'VIOLATED: ID, ID'
+        (first IDs of its counterexamples)."""
         out = {}
         for summary in self.regimes:
             found = [c.invariant for c in self.counterexamples if c.regime == summary.regime]
-            out[summary.regime] = (f"n/a: {summary.not_applicable}" if summary.not_applicable
+            out[summary.regime] = (unreached(summary.not_applicable) if summary.not_applicable
                                    else "VIOLATED: " + ", ".join(found) if found else "holds")
         return out
 
@@ -237,7 +248,8 @@ class CheckResult:
         """The document of docs/json-schema.md."""
         return json.dumps({
             "schema": self.schema, "tool": "pcpcheck", "version": self.version,
-            "verdict": self.verdict, "target": self.target, "target_name": self.target_name,
+            "verdict": self.verdict, "verdicts": self.verdicts(), "target": self.target,
+            "target_name": self.target_name,
             "stand_ins": list(self.stand_ins), "options": asdict(self.options),
             "regimes": {s.regime: {
                 "cases": s.cases, "seconds": s.seconds, "check_seconds": s.check_seconds,

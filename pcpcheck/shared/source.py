@@ -55,15 +55,36 @@ class Source:
 
     def has(self, relpath: str) -> bool:
         if self.kind == "wheel":
-            with zipfile.ZipFile(self.location) as wheel:
-                return relpath in wheel.NameToInfo
+            return relpath in self._wheel_names()
         return (Path(self.location) / relpath).is_file()
+
+    def _wheel(self) -> zipfile.ZipFile:
+        """The wheel, opened once: its directory has thousands of entries, and a release's
+        load reads a hundred of its files."""
+        wheel = self.__dict__.get("_zip")
+        if wheel is None:
+            wheel = self.__dict__["_zip"] = zipfile.ZipFile(self.location)
+        return wheel
+
+    def _wheel_names(self) -> frozenset[str]:
+        names = self.__dict__.get("_names")
+        if names is None:
+            names = self.__dict__["_names"] = frozenset(self._wheel().NameToInfo)
+        return names
+
+    def module_file(self, module: str) -> tuple[str, bool] | None:
+        """(relpath, is_package) of a dotted module's source file in this tree, else None (a C
+        extension, or not part of it)."""
+        base = module.replace(".", "/")
+        for relpath, package in ((f"{base}/__init__.py", True), (f"{base}.py", False)):
+            if self.has(relpath):
+                return relpath, package
+        return None
 
     def read(self, relpath: str) -> str:
         try:
             if self.kind == "wheel":
-                with zipfile.ZipFile(self.location) as wheel:
-                    data = wheel.read(relpath)
+                data = self._wheel().read(relpath)
             else:
                 data = (Path(self.location) / relpath).read_bytes()
         except (KeyError, OSError, zipfile.BadZipFile) as exc:

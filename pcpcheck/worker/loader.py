@@ -130,8 +130,8 @@ def _import_failure(exc: BaseException, filename: str | None, label: str) -> Loa
     where = _where(exc, filename)
     if isinstance(exc, SyntaxError):
         return LoadError(f"{exc.filename}:{exc.lineno}: syntax error: {_one_line(exc.msg)}")
-    if isinstance(exc, StandInError):
-        return LoadError(f"{where}: importing {label}: cannot stand in: {_one_line(exc)}")
+    if isinstance(exc, StandInError):  # its message names the file, line and name
+        return LoadError(f"importing {label}: {_one_line(exc)}")
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         return LoadError(
             f"{where}: importing {label}: module {exc.name!r} is not installed and cannot be "
@@ -249,10 +249,25 @@ def exec_source(source: str | bytes, filename: str, space: StandInSpace,
 
 
 def exec_release_file(source: Source, relpath: str, space: StandInSpace) -> types.ModuleType:
-    """A file of a vLLM release (relpath in a pcpcheck.shared.source.Source) executed as a fresh
-    module of its own package, its `vllm.*` imports served by `space`."""
-    package = relpath.rpartition("/")[0].replace("/", ".")
-    return exec_source(source.read(relpath), source.filename(relpath), space, package)
+    """A file of a vLLM release (relpath in a pcpcheck.shared.source.Source): with the space's
+    tree, its module there (run once; the module other release files import), else a fresh
+    module of its own package; its `vllm.*` imports served by `space`. LoadError on failure."""
+    if space.tree is None:
+        package = relpath.rpartition("/")[0].replace("/", ".")
+        return exec_source(source.read(relpath), source.filename(relpath), space, package)
+    name = relpath.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    existing = space.modules.get(name)
+    if existing is not None and name in space.executed:
+        return existing
+    filename = source.filename(relpath)
+    with space.active():
+        try:
+            return space.execute(name, relpath, relpath.endswith("/__init__.py"),
+                                 dependency=False)
+        except SyntaxError as exc:
+            raise LoadError(f"{filename}:{exc.lineno}: syntax error: {_one_line(exc.msg)}") from None
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - a release file may raise anything: a LoadError names it
+            raise _import_failure(exc, filename, Path(filename).name) from None
 
 
 def _load_module(spec_text: str, function: str | None) -> Target:

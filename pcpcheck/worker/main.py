@@ -33,6 +33,7 @@ from pcpcheck.shared.protocol import MAX_AHEAD, MAX_OUTPUT, RUNNING, STATUS
 from pcpcheck.worker import hosts
 from pcpcheck.worker.process_group import finish
 from pcpcheck.worker.runner import ThreadRunner
+from pcpcheck.worker.standins import take_refused
 
 if TYPE_CHECKING:  # imported where the worker joins a group
     from pcpcheck.worker.process_group import GroupAdapter
@@ -171,7 +172,7 @@ class Worker:
             results, blobs = self.hosts[case.key].run(case)
             for result in results:  # each rank's own running time in this case (the status file's)
                 result["seconds"] = self.status.seconds(result["rank"])
-            wire.send(self.out, protocol.result_reply(results), blobs)
+            wire.send(self.out, protocol.result_reply(results, take_refused()), blobs)
         if self.adapter is None or self.poisoned:
             return None
         try:

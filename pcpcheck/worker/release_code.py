@@ -27,6 +27,7 @@ import torch
 import pcpcheck_reference as reference
 from pcpcheck.shared.errors import InterfaceDrift, LoadError
 from pcpcheck.shared.protocol import Capabilities
+from pcpcheck.shared.results import NOT_EVALUATED
 from pcpcheck.shared.source import GATHERS, MANAGER, Source, from_spec, resolve
 from pcpcheck.shared.step_inputs import dummy_tokens, global_maps, positions, step_arrays
 from pcpcheck.worker.loader import Target, exec_release_file, make_target
@@ -40,7 +41,14 @@ from pcpcheck.worker.release_excerpts import (
     load_function,
     rank_num_decode_tokens,
 )
-from pcpcheck.worker.release_kernels import BlockTablesPath, load_block_tables, through_kernels
+from pcpcheck.worker.release_kernels import (
+    BlockTablesPath,
+    UnpinnedTorch,
+    import_triton,
+    load_block_tables,
+    provide_kernels,
+    through_kernels,
+)
 from pcpcheck.worker.release_paths import path_table
 from pcpcheck.worker.standins import StandInSpace
 from pcpcheck_reference import ERA_CURRENT, ERA_V026
@@ -49,6 +57,7 @@ from pcpcheck_spec.names import DCP, DRAFT, DRAFT_MIXED, REPLICATED, SHARDED, Ba
 MLA_WRAPPER = "maybe_gather_mla_latent_cache_inputs"
 INDEXER_WRAPPER = "maybe_gather_indexer_k"
 GATHER = "_gather_prefill_cache_inputs"
+SPECULATOR_CONFIG = "vllm.v1.worker.gpu.spec_decode.speculator_config"  # 0.34 on
 SHARD = "shard_decode_requests"
 # The parameters pcpcheck passes by name (the wrappers' callers do the same).
 WRAPPER_PARAMS = {
@@ -93,14 +102,24 @@ def _annotated(name: str) -> type:
                            "__init__": lambda self, *args, **kwargs: None})
 
 
-STAND_INS: dict[str, dict[str, object]] = {
+# Working stand-ins for names the layout methods use, each taking effect only where its module
+# cannot run here (a tree without it; CUDAGraphMode is defined beside pydantic configs): a
+# release's own module, where it runs, always wins.
+FALLBACKS: dict[str, dict[str, object]] = {
     "vllm.config": {"CUDAGraphMode": CUDAGraphMode, "VllmConfig": _annotated("VllmConfig")},
+    "vllm.config.compilation": {"CUDAGraphMode": CUDAGraphMode},
     "vllm.utils.torch_utils": {"async_tensor_h2d": _host_to_device},
     "vllm.v1.worker.gpu.buffer_utils": {"async_copy_to_gpu": _host_to_device},
     "vllm.v1.worker.gpu.block_table": {"BlockTables": _annotated("BlockTables")},
     "vllm.v1.worker.gpu.input_batch": {"InputBatch": _annotated("InputBatch"),
                                        "InputBuffers": _annotated("InputBuffers")},
     "vllm.v1.worker.gpu.states": {"RequestState": _annotated("RequestState")},
+}
+# What the platform answers on CPU, whatever the release's module says: no pinned memory
+# (pinning moves no value).
+PLATFORM: dict[str, dict[str, object]] = {
+    "vllm.utils.platform_utils": {"is_pin_memory_available": lambda: False},
+    "vllm.v1.worker.gpu.buffer_utils": {"torch": UnpinnedTorch()},
 }
 
 
@@ -115,7 +134,7 @@ class Release:
     gather_module: object
     gather: Target  # the release's gather
     caps: Capabilities
-    stand_ins: list[str]  # vllm names stood in for (inert)
+    stand_ins: list[str]  # the modules stood in for, one line per reason
     adapted: list[str]  # working stand-ins provided, and how pcpcheck adapted to the release
     kernels: BlockTablesPath  # the release's BlockTables, or why slot maps stay modeled
     sort: object = None  # the release's sort_batch_req_ids, or None (the order stays 0.33's key)
@@ -135,12 +154,36 @@ class Release:
         return dict(self.source.hashes)
 
 
-def _space() -> StandInSpace:
-    space = StandInSpace()
-    for module, names in STAND_INS.items():
+CPU_TORCH = ["Tensor.pin_memory(): the tensor itself (no accelerator here; pinning moves no "
+             "value)", "torch.compiler.allow_in_graph(f): f (nothing is compiled here; it "
+             "would import torch._dynamo, 5 s, for a mark only torch.compile reads)"]
+
+
+def _torch_on_cpu() -> None:
+    """torch as the release's modules meet it here (CPU_TORCH): `Tensor.pin_memory()` (0.29's
+    async_copy_to_gpu pins its input) raises without an accelerator, and pinning moves no
+    value; `torch.compiler.allow_in_graph` (vllm/utils/gpu_sync_debug.py, at import) marks a
+    function for torch.compile, which never runs here."""
+    if not torch.cuda.is_available():
+        torch.Tensor.pin_memory = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+    torch.compiler.allow_in_graph = lambda fn: fn
+
+
+def _space(source: Source) -> tuple[StandInSpace, bool]:
+    """The release's space (its own modules first), with pcpcheck's stand-ins and, where triton
+    is installed, what its kernels need; and whether triton is."""
+    space = StandInSpace(source)
+    _torch_on_cpu()
+    for module, names in FALLBACKS.items():
+        for name, value in names.items():
+            space.fallback(module, name, value)
+    for module, names in PLATFORM.items():
         for name, value in names.items():
             space.provide(module, name, value)
-    return space
+    triton = import_triton()
+    if triton is not None:
+        provide_kernels(space, *triton)
+    return space, triton is not None
 
 
 def _params(function) -> dict:
@@ -157,14 +200,22 @@ def _require(owner: str, obj, name: str):
     return value
 
 
-def _synthetic_config(pcp: int, dcp: int, speculative: bool):
+def _draft_config(space: StandInSpace) -> SimpleNamespace:
+    """A speculative_config for single-module MTP drafts; its `speculator_config` the release's
+    own (`get_speculator_config_class(spec)(spec)`, 0.34 on), where the tree has one."""
+    spec = SimpleNamespace(method="mtp", custom_method=None, num_speculative_tokens=1,
+                           use_dspark=lambda: False, use_multi_module_mtp=lambda: False,
+                           draft_model_config=SimpleNamespace(use_mla=True,
+                                                              speculator_config_class=None))
+    if space.tree is not None and space.tree.module_file(SPECULATOR_CONFIG) is not None:
+        module = space.module(SPECULATOR_CONFIG)
+        spec.speculator_config = module.get_speculator_config_class(spec)(spec)
+    return spec
+
+
+def _synthetic_config(pcp: int, dcp: int, speculative: bool, space: StandInSpace):
     """A vllm_config for validate_config: sparse MLA (DeepSeek-V3.2), no CUDA graphs, PCP = pcp,
     DCP = dcp, with single-module MTP drafts when `speculative`."""
-    spec = None
-    if speculative:
-        spec = SimpleNamespace(method="mtp", use_dspark=lambda: False,
-                               use_multi_module_mtp=lambda: False,
-                               draft_model_config=SimpleNamespace(use_mla=True))
     return SimpleNamespace(
         parallel_config=SimpleNamespace(
             prefill_context_parallel_size=pcp, decode_context_parallel_size=dcp,
@@ -173,27 +224,31 @@ def _synthetic_config(pcp: int, dcp: int, speculative: bool):
         model_config=SimpleNamespace(
             use_mla=True, is_encoder_decoder=False,
             hf_text_config=SimpleNamespace(index_topk=2048, model_type="deepseek_v32")),
-        lora_config=None, speculative_config=spec,
+        lora_config=None, speculative_config=_draft_config(space) if speculative else None,
         compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode.NONE))
 
 
-def _rejects(manager, pcp: int, dcp: int, speculative: bool, adapted: list[str]) -> str | None:
-    """validate_config's NotImplementedError message for this configuration, else None."""
+def _rejects(manager, space: StandInSpace, pcp: int, dcp: int, speculative: bool
+             ) -> tuple[str | None, str | None]:
+    """(validate_config's NotImplementedError message for this configuration, else None;
+    why it could not be evaluated, else None): the release's own code decides, or nothing does."""
     validate = getattr(manager, "validate_config", None)
     if validate is None:
-        adapted.append("PCPManager.validate_config absent: every configuration assumed accepted")
-        return None
+        return None, None  # a release without validate_config rejects nothing
     try:
-        validate(_synthetic_config(pcp, dcp, speculative), False)
+        with space.active():  # the release's code may import its modules by name
+            validate(_synthetic_config(pcp, dcp, speculative, space), False)
     except NotImplementedError as exc:
-        return str(exc).splitlines()[0] if str(exc) else "NotImplementedError"
-    except Exception as exc:  # noqa: BLE001 - it reads a config field our synthetic one lacks
-        adapted.append(f"validate_config(PCP={pcp}, DCP={dcp}, drafts={speculative}) not "
-                       f"evaluable ({type(exc).__name__}: {exc}): assumed accepted")
-    return None
+        return (str(exc).splitlines()[0] if str(exc) else "NotImplementedError"), None
+    except Exception as exc:  # noqa: BLE001 - it reads what pcpcheck cannot give: no verdict on a guess
+        text = " ".join(str(exc).split())[:300]
+        return None, (f"{NOT_EVALUATED}its validate_config(PCP={pcp}, DCP={dcp}, drafts="
+                      f"{speculative}) raised {type(exc).__name__}: {text}")
+    return None, None
 
 
-def _capabilities(manager, gather, wrappers: dict, adapted: list[str]) -> Capabilities:
+def _capabilities(manager, gather, wrappers: dict, space: StandInSpace, adapted: list[str]
+                  ) -> Capabilities:
     init = _params(manager.__init__)
     for name in ("pcp_world_size", "pcp_rank", "device", "dcp_world_size", "dcp_rank"):
         if name not in init:
@@ -220,16 +275,17 @@ def _capabilities(manager, gather, wrappers: dict, adapted: list[str]) -> Capabi
     if not caps.manager_shards:
         caps.not_applicable[SHARDED] = ("its PCPManager has no shard_decode_requests: decodes "
                                         "are never sharded")
-    rejected = _rejects(manager, 2, 2, False, adapted)
-    if rejected:
-        caps.not_applicable[DCP] = f"its validate_config rejects PCP+DCP: {rejected}"
-    rejected = _rejects(manager, 2, 1, True, adapted)
-    if rejected:
-        for regime in (DRAFT, DRAFT_MIXED):
-            caps.not_applicable[regime] = f"its validate_config rejects drafts: {rejected}"
-    base = _rejects(manager, 2, 1, False, adapted)
-    if base:
-        caps.not_applicable[REPLICATED] = f"its validate_config rejects PCP itself: {base}"
+    if not hasattr(manager, "validate_config"):
+        adapted.append("PCPManager has no validate_config: the release rejects no configuration")
+    probes = ((2, 2, False, (DCP,), "PCP+DCP"), (2, 1, True, (DRAFT, DRAFT_MIXED), "drafts"),
+              (2, 1, False, (REPLICATED,), "PCP itself"))
+    for pcp, dcp, speculative, regimes, what in probes:
+        rejected, unevaluated = _rejects(manager, space, pcp, dcp, speculative)
+        for regime in regimes:
+            if rejected:
+                caps.not_applicable[regime] = f"its validate_config rejects {what}: {rejected}"
+            elif unevaluated:
+                caps.not_applicable[regime] = unevaluated
     return caps
 
 
@@ -242,7 +298,8 @@ def load_release(source: Source | str) -> Release:
     gather_path = next((p for p in GATHERS if source.has(p)), None)
     if gather_path is None:
         raise InterfaceDrift(f"{source.describe()} has none of {', '.join(GATHERS)}")
-    space = _space()
+    space, triton = _space(source)
+    kernels = _block_tables(source, space, triton)
     manager_module = exec_release_file(source, MANAGER, space)
     manager = _require(MANAGER, manager_module, "PCPManager")
     gather_module = exec_release_file(source, gather_path, space)
@@ -251,7 +308,7 @@ def load_release(source: Source | str) -> Release:
                               source.filename(gather_path), space, gather_path.rpartition("/")[2])
     except LoadError as exc:
         raise InterfaceDrift(str(exc)) from None
-    adapted = [f"{name} (working stand-in)" for name in space.provided]
+    adapted = [*space.provided, *CPU_TORCH]
     wrappers = {}
     for name in (MLA_WRAPPER, INDEXER_WRAPPER):
         function = getattr(gather_module, name, None)
@@ -259,12 +316,12 @@ def load_release(source: Source | str) -> Release:
             adapted.append(f"{gather_path} has no {name}: its cases call the gather directly")
         else:
             wrappers[name] = function
-    caps = _capabilities(manager, gather, wrappers, adapted)
+    caps = _capabilities(manager, gather, wrappers, space, adapted)
     if caps.era == ERA_V026:
         adapted.append("no PCPManager.replicated_requests: judged by the 0.26 layout model")
     if not caps.graph_padding:
         adapted.append("_build_batch_layout has no padded_num_tokens: no graph padding drawn")
-    kernels = _block_tables(source, manager, adapted)
+    kernels = _check_block_tables(kernels, manager, adapted)
     if kernels.real and "dcp_sharded" in _params(kernels.block_tables.__init__):
         caps.replicated_kv_group = True
         adapted.append("BlockTables(dcp_sharded=[True, False]): the second KV group replicated "
@@ -283,7 +340,7 @@ def load_release(source: Source | str) -> Release:
         check_sort(sort)
     split, unsplit = load_function(source, BACKEND_UTILS, SPLIT)
     release = Release(source=source, manager=manager, gather_module=gather_module, gather=gather,
-                      caps=caps, stand_ins=space.names, adapted=adapted, kernels=kernels,
+                      caps=caps, stand_ins=space.stood_in_by_reason(), adapted=adapted, kernels=kernels,
                       sort=sort, split=split)
     _probe(release)
     release.paths = path_table(source, gather_path, kernels.reason if not kernels.real else "",
@@ -291,10 +348,13 @@ def load_release(source: Source | str) -> Release:
     return release
 
 
-def _block_tables(source: Source, manager, adapted: list[str]) -> BlockTablesPath:
+def _block_tables(source: Source, space: StandInSpace, triton: bool) -> BlockTablesPath:
+    return load_block_tables(source, space, triton)
+
+
+def _check_block_tables(kernels: BlockTablesPath, manager, adapted: list[str]) -> BlockTablesPath:
     """The release's BlockTables feeding its manager's own prepare_slot_mappings, where the
     manager takes them; else the slot maps stay the reference formula's, and the reason says so."""
-    kernels = load_block_tables(source)
     if not kernels.real:
         return kernels
     init = _params(manager.__init__)

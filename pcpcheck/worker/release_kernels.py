@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import inspect
-import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -105,35 +104,18 @@ def _cast_masks_to_bool(interpreter) -> None:
     builder._pcpcheck_masks_cast = True
 
 
-class _Logger(logging.LoggerAdapter):
-    """vLLM's logger: a logging logger with its `*_once` methods, which say what pcpcheck
-    already reports (no UVA on CPU) and so log at debug level."""
-
-    def warning_once(self, *args, **kwargs):
-        self.debug(*args)
-
-    info_once = debug_once = warning_once
-
-
-def _to_tensor(data, *args, device=None, dtype=None, **kwargs):
-    """async_tensor_h2d on CPU: a fresh tensor."""
-    return torch.tensor(list(data), dtype=dtype)
-
-
-def _space(triton, tl) -> StandInSpace:
-    space = StandInSpace()
-    space.provide("vllm.triton_utils", "triton", triton)
+def provide_kernels(space: StandInSpace, triton, tl) -> None:
+    """What the release's kernels and buffers need on CPU, provided in the release's space
+    before any of its modules runs (each one listed in the report)."""
+    space.provide("vllm.triton_utils", "triton", triton)  # in interpreter mode
     space.provide("vllm.triton_utils", "tl", tl)
     # On CPU the host buffer is the device view: UVA is available and the view is the tensor.
     space.provide("vllm.utils.platform_utils", "is_uva_available", lambda: True)
     space.provide("vllm.utils.torch_utils", "get_accelerator_view_from_cpu_tensor",
                   lambda tensor: tensor)
-    space.provide("vllm.logger", "init_logger", lambda name: _Logger(logging.getLogger(name), {}))
-    space.provide("vllm.utils.torch_utils", "async_tensor_h2d", _to_tensor)
-    return space
 
 
-class _UnpinnedTorch:
+class UnpinnedTorch:
     """torch for buffer_utils: host buffers allocated unpinned (pinning needs an accelerator)."""
 
     def __getattr__(self, name):
@@ -230,22 +212,14 @@ def _cached_compute(block_tables: type[Any], path: BlockTablesPath) -> type[Any]
                                                  "__module__": block_tables.__module__})
 
 
-def load_block_tables(source: Source) -> BlockTablesPath:
-    """The release's BlockTables under triton's interpreter, or the reason it stays modeled."""
+def load_block_tables(source: Source, space: StandInSpace, triton_loaded: bool) -> BlockTablesPath:
+    """The release's BlockTables (from its space, where provide_kernels ran) under triton's
+    interpreter, or the reason it stays modeled."""
     if not source.has(BLOCK_TABLE):
         return BlockTablesPath(reason=f"{BLOCK_TABLE} is not in this source")
-    loaded = import_triton()
-    if loaded is None:
+    if not triton_loaded:
         return BlockTablesPath(reason=NO_TRITON)
-    space = _space(*loaded)
-    helpers: Any  # buffer_utils, its torch replaced below
     try:
-        if source.has(BUFFER_UTILS):
-            helpers = exec_release_file(source, BUFFER_UTILS, space)
-            helpers.torch = _UnpinnedTorch()
-            for name, value in vars(helpers).items():
-                if not name.startswith("__"):
-                    space.provide("vllm.v1.worker.gpu.buffer_utils", name, value)
         module = exec_release_file(source, BLOCK_TABLE, space)
     except LoadError as exc:
         raise InterfaceDrift(f"{BLOCK_TABLE}: {exc}") from None
@@ -265,4 +239,5 @@ def load_block_tables(source: Source) -> BlockTablesPath:
 
 
 __all__ = ["BLOCK_TABLE", "BUFFER_UTILS", "BlockTablesPath", "NO_TRITON", "KERNEL_PROGRAMS",
-           "KERNEL_REQUESTS", "load_block_tables", "masks_dummy_requests", "through_kernels"]
+           "KERNEL_REQUESTS", "import_triton", "load_block_tables", "masks_dummy_requests",
+           "provide_kernels", "through_kernels", "UnpinnedTorch"]

@@ -17,6 +17,20 @@ Each load gets its own `StandInSpace`: a private namespace of stand-in modules (
    their module-level vllm names are bound at load time. Limitation: a helper module (not the
    target module itself) that imports vllm inside a function body at call time finds no stand-in.
 
+With a release tree (`StandInSpace(tree)`: a release, a checkout, or the vLLM tree a target file
+lives in), a `vllm.*` module is first executed from that tree, as a fresh module of the space (the
+release's own code: its settings' defaults, its tables, its helpers, wherever they moved), and
+stood in for only when it cannot run here: no file for it (a C extension), an import outside the
+standard library and `RELEASE_DEPENDENCIES` (installed or not, so a verdict does not depend on the
+machine), or any failure while it executes. `stood_in` names each such module with the reason.
+Names pcpcheck provides (`provide`: the harness, such as the PCP group and triton) replace the
+module's own after it runs.
+
+An inert is never a silent answer: used as a truth value, a container, a number or in a
+comparison it raises `StandInError` naming the file, line and name (and records it in
+`unhonoured`, which the worker reports even if the code swallows the error): the run stops with
+exit 2, never a verdict built on a value pcpcheck made up.
+
 Name resolution inside the space: a name listed in `_BINDINGS` gets a working stand-in wherever it
 is looked up (any vllm module, or an attribute of an inert): `get_pcp_group` is
 `pcpcheck.worker.rankctx.current_group` (the calling rank's group), `PAD_SLOT_ID` is -1, `init_logger`
@@ -25,9 +39,8 @@ queries describe a single TP rank (pcpcheck models TP = 1). `get_dcp_group` is l
 DCP size depends on the case's regime, which the loader does not know. Every other name is an
 `Inert`: callable (returns an inert, or its single function/class argument unchanged, so
 `@triton.jit`, `@triton.jit(...)`, `@CustomOp.register("x")` all work), attributes are inerts,
-subclassable, iterable (empty), falsy, compares unequal/false, usable as a context manager and in
-`X | None` annotations. Using an inert as a number raises `StandInError`, reported as a LoadError
-at load time. Every name looked up in a stand-in module is recorded in `Target.stand_ins` (a live
+subclassable, usable as a context manager and in
+`X | None` annotations. Every name looked up in a stand-in module is recorded in `Target.stand_ins` (a live
 list: names first used at call time are appended when used).
 """
 
@@ -43,20 +56,53 @@ import inspect
 import logging
 import sys
 import threading
+import traceback
 import types
+import typing
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pcpcheck.worker import rankctx
 from pcpcheck_spec.names import PAD_SLOT_ID
 
+if TYPE_CHECKING:
+    from pcpcheck.shared.source import Source
+
 STANDIN_ROOT = "vllm"
+# What a module of a release's own tree may import besides the standard library and vllm.*:
+# pcpcheck's dependencies and its kernels extra's (pyproject.toml).
+RELEASE_DEPENDENCIES = frozenset({"numpy", "torch", "triton", "typing_extensions", "packaging",
+                                  "regex", "psutil", "cachetools"})
 
 _load_lock = threading.RLock()
+_refused: list[str] = []  # every refused use in this process (Inert._refuse), until taken
+
+
+def take_refused() -> str | None:
+    """The first use of an inert refused since the last call (the worker reports it after each
+    case: the run stops with exit 2, even where the code under check caught the error)."""
+    with _load_lock:
+        first = _refused[0] if _refused else None
+        _refused.clear()
+    return first
+
+
+# Packages that are pcpcheck's harness, never the tree's, with every module under them: the
+# ranks' groups are pcpcheck's (the names the gather uses are _BINDINGS), and nothing else in
+# them (communicators, KV connectors) is on the KV write path.
+HARNESS = {"vllm.distributed": "the process groups are pcpcheck's (the harness)"}
 
 
 class StandInError(TypeError):
-    """A stand-in was used in a way no stand-in can satisfy (e.g. as a number)."""
+    """A stand-in was used in a way no stand-in can honour (a truth value, a number, ...)."""
+
+    def __init__(self, message: str, name: str = "", use: str = ""):
+        super().__init__(message)
+        self.name, self.use = name, use
+
+
+class NotADependency(ModuleNotFoundError):
+    """A release module imports a package outside RELEASE_DEPENDENCIES."""
 
 
 def is_standin_name(name: str) -> bool:
@@ -128,6 +174,11 @@ class _InertBase:
         return Inert(f"{type(self).__name__}.{name}", None)
 
 
+def _typing_compares() -> bool:
+    """Whether the `==` being answered is typing's own (an annotation, not a value)."""
+    return sys._getframe(2).f_code.co_filename == typing.__file__
+
+
 class Inert:
     """An object standing in for any vllm name (see the module docstring)."""
 
@@ -171,28 +222,52 @@ class Inert:
     def __setitem__(self, key, value):
         pass
 
+    def _refuse(self, use: str):
+        frame = sys._getframe(2)  # the code that used it: past this and the dunder
+        where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        space = self._space
+        why = space.why(self._name) if space is not None else ""
+        message = (f"{where}: {self._name} is a stand-in{f' ({why})' if why else ''}, used as "
+                   f"{use}: pcpcheck cannot honour it")
+        if space is not None:
+            space.refused(message)
+        with _load_lock:
+            _refused.append(message)
+        raise StandInError(message, self._name, use)
+
     def __iter__(self):
-        return iter(())
+        self._refuse("a container (iterated)")
 
     def __len__(self):
-        return 0
+        self._refuse("a container (len)")
 
     def __bool__(self):
-        return False
+        self._refuse("a truth value")
 
     def __contains__(self, item):
-        return False
+        self._refuse("a container (in)")
 
     def __eq__(self, other):
-        return self is other
+        if _typing_compares():  # Optional[X], X | None: typing deduplicates a Union's types
+            return self is other
+        self._refuse("a value (compared)")
 
     def __ne__(self, other):
-        return self is not other
+        if _typing_compares():
+            return self is not other
+        self._refuse("a value (compared)")
 
     def __lt__(self, other):
-        return False
+        self._refuse("a value (compared)")
 
-    __le__ = __gt__ = __ge__ = __lt__
+    def __le__(self, other):
+        self._refuse("a value (compared)")
+
+    def __gt__(self, other):
+        self._refuse("a value (compared)")
+
+    def __ge__(self, other):
+        self._refuse("a value (compared)")
 
     def __hash__(self):
         return id(self)
@@ -210,7 +285,7 @@ class Inert:
         return self
 
     def _number(self, *args):
-        raise StandInError(f"stand-in {self._name} cannot be used as a number")
+        self._refuse("a number")
 
     __int__ = __float__ = __index__ = __complex__ = _number
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _number
@@ -234,42 +309,152 @@ class StandInModule(types.ModuleType):
 
 
 class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """The stand-in modules of one load, and the record of names stood in for."""
+    """The `vllm.*` modules of one load (the tree's own where they run here, else stand-ins),
+    and the record of what was stood in for."""
 
-    def __init__(self):
-        self.modules: dict[str, StandInModule] = {}
-        self.names: list[str] = []
-        self.provided: list[str] = []
+    def __init__(self, tree: Source | None = None):
+        self.tree = tree
+        self.modules: dict[str, types.ModuleType] = {}
+        self.names: list[str] = []  # names looked up in stand-in modules
+        self.provided: list[str] = []  # names pcpcheck provides (the harness, adaptations)
+        self.stood_in: dict[str, str] = {}  # module -> why it is a stand-in (with a tree)
+        self.executed: list[str] = []  # modules run from the tree, in the order they ran
+        self.unhonoured: list[str] = []  # uses of an inert refused (Inert._refuse)
+        self._overrides: dict[str, dict[str, Any]] = {}
+        self._fallbacks: dict[str, dict[str, Any]] = {}
         self._lock = threading.RLock()
 
     def provide(self, module: str, name: str, value: Any) -> None:
-        """Bind `module.name` to a working stand-in (a real class, a helper) before a load;
-        recorded in `provided` (what the loader adapted), not in `names`."""
-        setattr(self.module(module), name, value)
+        """Bind `module.name` to `value` (the harness, a working adaptation), in place of the
+        module's own name once it runs; recorded in `provided`, not in `names`."""
         with self._lock:
-            self.provided.append(f"{module}.{name}")
+            self._overrides.setdefault(module, {})[name] = value
+            if module in self.modules:
+                setattr(self.modules[module], name, value)
+            self.provided.append(f"{module}.{name} (working stand-in)")
+
+    def fallback(self, module: str, name: str, value: Any) -> None:
+        """Bind `module.name` to `value` only if `module` is a stand-in (it cannot run here, or
+        the tree lacks it); recorded in `provided` once applied, with the module's reason."""
+        with self._lock:
+            self._fallbacks.setdefault(module, {})[name] = value
 
     def record(self, name: str) -> None:
         with self._lock:
             if name not in self.names:
                 self.names.append(name)
 
-    def module(self, name: str) -> StandInModule:
+    def refused(self, message: str) -> None:
+        with self._lock:
+            self.unhonoured.append(message)
+
+    def stood_in_by_reason(self) -> list[str]:
+        """The stood-in modules, one line per reason: "reason: module, module"."""
+        by_reason: dict[str, list[str]] = {}
+        for module, why in self.stood_in.items():
+            by_reason.setdefault(why, []).append(module)
+        return [f"{why}: {', '.join(modules)}" for why, modules in by_reason.items()]
+
+    def why(self, name: str) -> str:
+        """Why the module holding `name` is a stand-in (with a tree), else ""."""
+        module = name
+        while module:
+            if module in self.stood_in:
+                return f"{module}: {self.stood_in[module]}"
+            module = module.rpartition(".")[0]
+        return ""
+
+    def module(self, name: str) -> types.ModuleType:
         with self._lock:
             existing = self.modules.get(name)
             if existing is not None:
                 return existing
-            module = StandInModule(name)
-            module.__dict__["_pcpcheck_space"] = self
-            module.__path__ = []  # a package: submodules import
-            module.__spec__ = importlib.machinery.ModuleSpec(name, self, is_package=True)
-            module.__loader__ = self
-            module.__package__ = name
-            self.modules[name] = module
             parent, _, child = name.rpartition(".")
-            if parent:
-                setattr(self.module(parent), child, module)
+            parent_module = self.module(parent) if parent else None
+            existing = self.modules.get(name)  # the parent's __init__ may have imported it
+            if existing is not None:
+                return existing
+            module = self._from_tree(name) if self.tree is not None else None
+            if module is None:
+                module = self._stand_in(name)
+            if parent_module is not None:
+                setattr(parent_module, child, module)
             return module
+
+    def _stand_in(self, name: str) -> StandInModule:
+        module = StandInModule(name)
+        module.__dict__["_pcpcheck_space"] = self
+        module.__path__ = []  # a package: submodules import
+        module.__spec__ = importlib.machinery.ModuleSpec(name, self, is_package=True)
+        module.__loader__ = self
+        module.__package__ = name
+        for key, value in self._fallbacks.get(name, {}).items():
+            setattr(module, key, value)
+            why = self.stood_in.get(name)
+            self.provided.append(f"{name}.{key} (working stand-in" + (f"; {name}: {why})" if why else ")"))
+        for key, value in self._overrides.get(name, {}).items():
+            setattr(module, key, value)
+        self.modules[name] = module
+        return module
+
+    def _from_tree(self, name: str) -> types.ModuleType | None:
+        """`name` executed from the tree, or None (and the reason in `stood_in`)."""
+        assert self.tree is not None
+        harness = next((why for package, why in HARNESS.items()
+                        if name == package or name.startswith(package + ".")), None)
+        if harness is not None:
+            self.stood_in[name] = harness
+            return None
+        found = self.tree.module_file(name)
+        if found is None:
+            self.stood_in[name] = "no Python file for it in this tree (a C extension, or absent)"
+            return None
+        with _load_lock:
+            refused_before = len(_refused)
+        try:
+            return self.execute(name, *found)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure: the module cannot run here
+            self.stood_in[name] = _failure(exc, self.tree.filename(found[0]))
+            with _load_lock:  # a refusal that made it a stand-in is reported as its reason
+                del _refused[refused_before:]
+            return None
+
+    def execute(self, name: str, relpath: str, package: bool = False,
+                dependency: bool = True) -> types.ModuleType:
+        """The tree's file `relpath` executed as module `name` of the space (raises what it
+        raises); a `dependency` (not a file under check) imports only what RELEASE_DEPENDENCIES
+        allows. It is in `modules` while it runs, so a circular import sees it half done, as in
+        Python; on failure it is taken out again."""
+        assert self.tree is not None
+        filename = self.tree.filename(relpath)
+        code = compile(self.tree.read(relpath), filename, "exec", dont_inherit=True)
+        module = types.ModuleType(name)
+        module.__file__ = filename
+        module.__package__ = name if package else name.rpartition(".")[0]
+        module.__spec__ = importlib.machinery.ModuleSpec(name, self, origin=filename,
+                                                         is_package=package)
+        module.__loader__ = self
+        if package:
+            module.__path__ = []
+        module.__dict__["__builtins__"] = self.builtins_dict(release=dependency)
+        with self._lock, _load_lock:
+            self.modules[name] = module
+            previous = sys.modules.get(name)
+            sys.modules[name] = module  # library code (dataclasses) looks a class's module up
+            try:
+                exec(code, module.__dict__)
+            except BaseException:
+                del self.modules[name]
+                raise
+            finally:
+                if previous is None:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = previous
+            for key, value in self._overrides.get(name, {}).items():
+                setattr(module, key, value)
+            self.executed.append(name)
+        return module
 
     # meta path finder / loader (active only while a load executes)
     def find_spec(self, fullname, path=None, target=None):
@@ -283,10 +468,18 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module):
         pass
 
-    def make_import(self) -> Callable:
+    def make_import(self, release: bool = False) -> Callable:
+        """The `__import__` of code the space serves; `release`: a module of the tree, whose
+        imports outside vllm.* are held to the standard library and RELEASE_DEPENDENCIES."""
         real_import = builtins.__import__
 
         def standin_import(name, globals=None, locals=None, fromlist=(), level=0):
+            if release and not level:
+                top = name.partition(".")[0]
+                if (top != STANDIN_ROOT and top not in sys.stdlib_module_names
+                        and top not in RELEASE_DEPENDENCIES):
+                    raise NotADependency(f"imports {top!r}, not among pcpcheck's dependencies",
+                                         name=top)
             absolute = name
             if level:
                 package = (globals or {}).get("__package__") or ""
@@ -305,9 +498,9 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
         return standin_import
 
-    def builtins_dict(self) -> dict:
+    def builtins_dict(self, release: bool = False) -> dict:
         namespace = dict(builtins.__dict__)
-        namespace["__import__"] = self.make_import()
+        namespace["__import__"] = self.make_import(release)
         return namespace
 
     @contextlib.contextmanager
@@ -326,3 +519,18 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 for key in [k for k in sys.modules if is_standin_name(k)]:
                     del sys.modules[key]
                 sys.modules.update(saved)
+
+
+def _failure(exc: BaseException, filename: str) -> str:
+    """Why a tree's module cannot run here, in one line."""
+    if isinstance(exc, NotADependency):
+        return f"{exc}"
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        return f"imports {exc.name!r}, which is not installed"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
+    where = f" (line {frames[-1].lineno})" if frames else ""
+    if isinstance(exc, StandInError) and exc.name:
+        return f"uses {exc.name}, a stand-in, as {exc.use}{where}"
+    text = " ".join(str(exc).split())[:200]
+    return f"fails here{where}: {type(exc).__name__}: {text}" if text else \
+        f"fails here{where}: {type(exc).__name__}"

@@ -1,0 +1,82 @@
+"""A vLLM checkout that drifts from the release it came from, as pull requests do: each change
+either holds (pcpcheck runs the checkout's own modules, wherever the code moved them) or exits 2
+naming what drifted; never a verdict built on a stand-in. Checkouts are the 0.33.0 wheel's
+Python files, written at test time (nothing of vLLM is committed), with one change each.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pcpcheck.api import check_release
+from pcpcheck.shared.errors import LoadError
+from pcpcheck.shared.source import GATHERS, MANAGER
+from pcpcheck.worker.release_excerpts import BACKEND_UTILS
+from pcpcheck_spec.names import REPLICATED, SHARDED
+from tests.test_vllm_kernels import checkout
+
+pytestmark = pytest.mark.xdist_group("vllm_0_33_0_wheel")
+
+GATHER_BODY = "    local_num_tokens = tensors[0].shape[0]\n"
+# The gather returns early unless a setting is on; it is on by default (vllm/envs.py), so in a
+# deployment the line does nothing.
+SETTINGS_READ = (GATHERS[0], GATHER_BODY,
+                 "    import vllm.envs as envs\n"
+                 "    if not envs.VLLM_ENABLE_V1_MULTIPROCESSING:\n"
+                 "        return tensors, slot_mapping\n" + GATHER_BODY)
+# The manager's host-to-device helper, imported from a module the refactor adds.
+HELPER_MOVED = (MANAGER, "from vllm.utils.torch_utils import async_tensor_h2d\n",
+                "from vllm.v1.worker.gpu.pcp_copies import async_tensor_h2d\n")
+HELPER_MODULE = ("vllm/v1/worker/gpu/pcp_copies.py",
+                 "from vllm.utils.torch_utils import async_tensor_h2d as _copy\n\n\n"
+                 "def async_tensor_h2d(data, *args, **kwargs):\n"
+                 "    return _copy(data, *args, **kwargs)\n")
+# The pad slot read from a table in a module the refactor adds.
+TABLE_MOVED = (MANAGER, "torch.tensor(PAD_SLOT_ID, dtype=torch.int64, device=device)",
+               "torch.tensor(PAD_IDS['slot'], dtype=torch.int64, device=device)")
+TABLE_MODULE = ("vllm/v1/worker/gpu/pcp_constants.py",
+                "from vllm.v1.attention.backends.utils import PAD_SLOT_ID\n\n"
+                "PAD_IDS = {'slot': PAD_SLOT_ID}\n")
+TABLE_IMPORT = (MANAGER, "from vllm.v1.worker.gpu.block_table import BlockTables\n",
+                "from vllm.v1.worker.gpu.block_table import BlockTables\n"
+                "from vllm.v1.worker.gpu.pcp_constants import PAD_IDS\n")
+
+
+def _drifted(wheel, root, *changes, added=()):
+    checkout(wheel, root)
+    for relpath, old, new in changes:
+        text = (root / relpath).read_text()
+        assert text.count(old) == 1, f"{old!r} is not once in {relpath}"
+        (root / relpath).write_text(text.replace(old, new))
+    for relpath, text in added:
+        (root / relpath).write_text(text)
+    return root
+
+
+def _verdicts(root, regimes=(REPLICATED,)):
+    return check_release(root, regimes=regimes, max_examples=15, max_ranks=3).verdicts()
+
+
+def test_a_settings_read_in_the_gather_holds(wheel, tmp_path):
+    """The release's own vllm/envs.py answers the setting with its default (an inert answered
+    False, and the gather returned early: LENGTH violated on correct code)."""
+    root = _drifted(wheel, tmp_path / "envs", SETTINGS_READ)
+    assert _verdicts(root, (REPLICATED, SHARDED)) == {REPLICATED: "holds", SHARDED: "holds"}
+
+
+def test_a_helper_moved_into_a_new_module_holds(wheel, tmp_path):
+    root = _drifted(wheel, tmp_path / "helper", HELPER_MOVED, added=[HELPER_MODULE])
+    assert _verdicts(root) == {REPLICATED: "holds"}
+
+
+def test_a_table_moved_into_a_new_module_holds(wheel, tmp_path):
+    root = _drifted(wheel, tmp_path / "table", TABLE_MOVED, TABLE_IMPORT, added=[TABLE_MODULE])
+    assert _verdicts(root) == {REPLICATED: "holds"}
+
+
+def test_an_internal_renamed_without_its_callers_exits_2_naming_it(wheel, tmp_path):
+    """A broken refactor: the helper the manager imports is renamed where it is defined."""
+    root = _drifted(wheel, tmp_path / "renamed",
+                    (BACKEND_UTILS, "def get_dcp_local_seq_lens(", "def dcp_local_seq_lens("))
+    with pytest.raises(LoadError, match="get_dcp_local_seq_lens"):
+        _verdicts(root)
