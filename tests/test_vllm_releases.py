@@ -41,12 +41,14 @@ def test_a_release_gets_its_documented_verdict(version, tmp_path):
         pytest.fail(f"cannot fetch vllm=={version} from the package registry: {exc}",
                     pytrace=False)
     out = tmp_path / "result.json"
+    want = DOCUMENTED[version]
+    # 0.26-0.29's COLLECTIVE first shows at step 236 (replicated) and 147 (dcp) of the search
+    examples = "250" if want is OLD else "25"
     done = subprocess.run([sys.executable, "-m", "pcpcheck", "vllm", str(wheel), "--max-examples",
-                           "25", "--json", str(out)], capture_output=True, text=True,
+                           examples, "--json", str(out)], capture_output=True, text=True,
                           timeout=1200, cwd=tmp_path)
     text = done.stdout + done.stderr
     assert "Traceback" not in text and "assumed" not in text, text
-    want = DOCUMENTED[version]
     assert done.returncode == (1 if any("VIOLATED" in v for v in want.values()) else 0), text
     verdicts = json.loads(out.read_text())["verdicts"]
     assert set(verdicts) == set(want), verdicts
