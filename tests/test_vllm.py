@@ -157,6 +157,29 @@ def test_unreachable_regimes_are_not_applicable_with_the_reason(tmp_path):
     assert not result.counterexamples
 
 
+def test_a_probe_that_cannot_be_evaluated_leaves_its_regimes_not_evaluated(tmp_path, capsys):
+    """validate_config reads a field pcpcheck's synthetic config lacks, for drafts only: the draft
+    regimes are "not evaluated" with the reason (verdict line and JSON), nothing drawn, never
+    assumed either way; the other regimes are checked."""
+    root = checkout(tmp_path)
+    path = root / MANAGER
+    path.write_text(path.read_text().replace(
+        '        """Every configuration pcpcheck draws is supported."""\n',
+        '        """Drafts: asks a config field pcpcheck does not model."""\n'
+        '        if vllm_config.speculative_config is not None:\n'
+        '            vllm_config.speculative_config.draft_tensor_parallel_size\n', 1))
+    out = tmp_path / "result.json"
+    assert main(["vllm", str(root), "--regime", "replicated", "--regime", "draft",
+                 "--max-examples", "5", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    reason = ("not evaluated: its validate_config(PCP=2, DCP=1, drafts=True) raised "
+              "AttributeError: 'types.SimpleNamespace' object has no attribute "
+              "'draft_tensor_parallel_size'")
+    assert json.loads(out.read_text())["verdicts"] == {REPLICATED: "holds", DRAFT: reason}
+    assert f"draft {reason}" in " ".join(text.split()), text
+    assert not [line for line in text.splitlines() if "validate_config" in line and "assum" in line]
+
+
 def test_interface_drift_is_one_line_exit_2(tmp_path, capsys):
     root = checkout(tmp_path)
     path = root / MANAGER
