@@ -80,3 +80,11 @@ def test_an_internal_renamed_without_its_callers_exits_2_naming_it(wheel, tmp_pa
                     (BACKEND_UTILS, "def get_dcp_local_seq_lens(", "def dcp_local_seq_lens("))
     with pytest.raises(LoadError, match="get_dcp_local_seq_lens"):
         _verdicts(root)
+
+
+def test_a_gather_file_inside_a_checkout_runs_the_checkouts_own_modules(wheel, tmp_path,
+                                                                        pcpcheck_check):
+    """`pcpcheck check CHECKOUT/vllm/v1/attention/ops/pcp.py`: the file's vllm.* imports run
+    from the tree it lives in (its settings read answered by its own envs.py)."""
+    root = _drifted(wheel, tmp_path / "envs", SETTINGS_READ)
+    assert pcpcheck_check([root / GATHERS[0], "--max-examples", "20"]) == 0

@@ -215,9 +215,20 @@ def _load_file(path: Path, function: str | None) -> Target:
     except OSError as exc:
         raise LoadError(f"{path}: cannot read: {_one_line(exc)}") from None
     filename = str(path)
-    space = StandInSpace()
-    module = exec_source(source, filename, space, _package_from_path(path.resolve()))
+    package = _package_from_path(path.resolve())
+    space = StandInSpace(_tree_of(path.resolve(), package))
+    module = exec_source(source, filename, space, package)
     return make_target(module, function, filename, filename, space, path.name)
+
+
+def _tree_of(path: Path, package: str) -> Source | None:
+    """The vLLM tree a file inside `vllm/` belongs to (a checkout: the directory holding
+    `vllm/`), whose own modules its vllm.* imports then run; None for a file outside one."""
+    if not package:
+        return None
+    from pcpcheck.shared.source import Source
+    root = path.parents[len(package.split("."))]
+    return Source(kind="checkout", location=str(root), release="unknown")
 
 
 def exec_source(source: str | bytes, filename: str, space: StandInSpace,
