@@ -15,7 +15,7 @@ from pcpcheck.worker.release_excerpts import BACKEND_UTILS
 from pcpcheck_spec.names import REPLICATED, SHARDED
 from tests.test_vllm_kernels import checkout
 
-pytestmark = pytest.mark.xdist_group("vllm_0_33_0_wheel")
+pytestmark = pytest.mark.xdist_group("vllm_drift")  # its own process: beside the kernels tests
 
 GATHER_BODY = "    local_num_tokens = tensors[0].shape[0]\n"
 # The gather returns early unless a setting is on; it is on by default (vllm/envs.py), so in a
