@@ -2,13 +2,14 @@
 own code. It runs in the worker (pcpcheck.worker.main, release mode), never in the driver.
 
 `load_release(source) -> Release`. The manager file (`pcp_manager.py`) and the gather file
-(`pcp.py`) are executed as fresh modules with the loader's stand-ins (pcpcheck.worker.standins
-StandInSpace) for their `vllm.*` imports; names the layout methods really use get working
-stand-ins (`STAND_INS`: real classes for the annotated types, the host-to-device copy as a CPU
-copy, CUDAGraphMode as an enum). Capabilities come from the release's code: its constructor's
-parameters, its `_build_batch_layout` signature, its `validate_config` run on a synthetic config,
-its gather's and wrappers' signatures. An internal pcpcheck needs that the release lacks is
-`InterfaceDrift`: one line naming it (exit 2).
+(`pcp.py`) are executed in the release's space (pcpcheck.worker.standins StandInSpace(source)):
+the `vllm.*` modules they import run from the release's own tree where they can run here, and
+are stood in for, with the reason, where they cannot; `FALLBACKS` serve names the layout methods
+use only where their module is a stand-in, `PLATFORM` and `CPU_TORCH` are what the platform and
+torch answer on CPU. Capabilities come from the release's code: its constructor's parameters,
+its `_build_batch_layout` signature, its `validate_config` run on a synthetic config (with the
+release's own speculator config), its gather's and wrappers' signatures. An internal pcpcheck
+needs that the release lacks is `InterfaceDrift`: one line naming it (exit 2).
 """
 
 from __future__ import annotations
@@ -299,7 +300,7 @@ def load_release(source: Source | str) -> Release:
     if gather_path is None:
         raise InterfaceDrift(f"{source.describe()} has none of {', '.join(GATHERS)}")
     space, triton = _space(source)
-    kernels = _block_tables(source, space, triton)
+    kernels = load_block_tables(source, space, triton)
     manager_module = exec_release_file(source, MANAGER, space)
     manager = _require(MANAGER, manager_module, "PCPManager")
     gather_module = exec_release_file(source, gather_path, space)
@@ -340,16 +341,13 @@ def load_release(source: Source | str) -> Release:
         check_sort(sort)
     split, unsplit = load_function(source, BACKEND_UTILS, SPLIT)
     release = Release(source=source, manager=manager, gather_module=gather_module, gather=gather,
-                      caps=caps, stand_ins=space.stood_in_by_reason(), adapted=adapted, kernels=kernels,
+                      caps=caps, stand_ins=space.stood_in_by_reason(), adapted=adapted,
+                      kernels=kernels,
                       sort=sort, split=split)
     _probe(release)
     release.paths = path_table(source, gather_path, kernels.reason if not kernels.real else "",
                                bool(wrappers), unsorted, unsplit, caps.dummy_requests)
     return release
-
-
-def _block_tables(source: Source, space: StandInSpace, triton: bool) -> BlockTablesPath:
-    return load_block_tables(source, space, triton)
 
 
 def _check_block_tables(kernels: BlockTablesPath, manager, adapted: list[str]) -> BlockTablesPath:

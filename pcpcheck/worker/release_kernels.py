@@ -2,8 +2,9 @@
 vllm/v1/worker/gpu/block_table.py, its helpers in buffer_utils.py), run on CPU under triton's
 interpreter, in the worker (release code runs only there).
 
-`load_block_tables(source) -> BlockTablesPath`: the release's `BlockTables` class, or why the
-stage stays modeled (triton not installed: `pip install 'pcpcheck[kernels]'`; no block_table.py
+`load_block_tables(source, space, triton_loaded) -> BlockTablesPath`: the release's
+`BlockTables` class, from the release's space where `provide_kernels` ran, or why the stage
+stays modeled (triton not installed: `pip install 'pcpcheck[kernels]'`; no block_table.py
 in the source). `BlockTablesPath.for_step(batch, dcp_size, dcp_rank)` gives the release's own
 `BlockTables` filled with the step's two KV-cache groups (`append_block_ids`,
 `apply_staged_writes`), which the release's PCPManager then drives through its own

@@ -27,9 +27,9 @@ Names pcpcheck provides (`provide`: the harness, such as the PCP group and trito
 module's own after it runs.
 
 An inert is never a silent answer: used as a truth value, a container, a number or in a
-comparison it raises `StandInError` naming the file, line and name (and records it in
-`unhonoured`, which the worker reports even if the code swallows the error): the run stops with
-exit 2, never a verdict built on a value pcpcheck made up.
+comparison it raises `StandInError` naming the file, line and name, and records it for the
+worker (`take_refused`), which reports it after the case even if the code caught the error: the
+run stops with exit 2, never a verdict built on a value pcpcheck made up.
 
 Name resolution inside the space: a name listed in `_BINDINGS` gets a working stand-in wherever it
 is looked up (any vllm module, or an attribute of an inert): `get_pcp_group` is
@@ -39,9 +39,9 @@ queries describe a single TP rank (pcpcheck models TP = 1). `get_dcp_group` is l
 DCP size depends on the case's regime, which the loader does not know. Every other name is an
 `Inert`: callable (returns an inert, or its single function/class argument unchanged, so
 `@triton.jit`, `@triton.jit(...)`, `@CustomOp.register("x")` all work), attributes are inerts,
-subclassable, usable as a context manager and in
-`X | None` annotations. Every name looked up in a stand-in module is recorded in `Target.stand_ins` (a live
-list: names first used at call time are appended when used).
+subclassable, usable as a context manager and in `X | None` annotations. Every name looked up in
+a stand-in module is recorded in `Target.stand_ins` (a live list: names first used at call time
+are appended when used).
 """
 
 from __future__ import annotations
@@ -225,12 +225,9 @@ class Inert:
     def _refuse(self, use: str):
         frame = sys._getframe(2)  # the code that used it: past this and the dunder
         where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
-        space = self._space
-        why = space.why(self._name) if space is not None else ""
+        why = self._space.why(self._name) if self._space is not None else ""
         message = (f"{where}: {self._name} is a stand-in{f' ({why})' if why else ''}, used as "
                    f"{use}: pcpcheck cannot honour it")
-        if space is not None:
-            space.refused(message)
         with _load_lock:
             _refused.append(message)
         raise StandInError(message, self._name, use)
@@ -319,7 +316,6 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.provided: list[str] = []  # names pcpcheck provides (the harness, adaptations)
         self.stood_in: dict[str, str] = {}  # module -> why it is a stand-in (with a tree)
         self.executed: list[str] = []  # modules run from the tree, in the order they ran
-        self.unhonoured: list[str] = []  # uses of an inert refused (Inert._refuse)
         self._overrides: dict[str, dict[str, Any]] = {}
         self._fallbacks: dict[str, dict[str, Any]] = {}
         self._lock = threading.RLock()
@@ -343,10 +339,6 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         with self._lock:
             if name not in self.names:
                 self.names.append(name)
-
-    def refused(self, message: str) -> None:
-        with self._lock:
-            self.unhonoured.append(message)
 
     def stood_in_by_reason(self) -> list[str]:
         """The stood-in modules, one line per reason: "reason: module, module"."""
