@@ -275,8 +275,6 @@ def exec_release_file(source: Source, relpath: str, space: StandInSpace) -> type
         try:
             return space.execute(name, relpath, relpath.endswith("/__init__.py"),
                                  dependency=False)
-        except SyntaxError as exc:
-            raise LoadError(f"{filename}:{exc.lineno}: syntax error: {_one_line(exc.msg)}") from None
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - a release file may raise anything: a LoadError names it
             raise _import_failure(exc, filename, Path(filename).name) from None
 

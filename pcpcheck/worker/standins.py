@@ -23,8 +23,8 @@ release's own code: its settings' defaults, its tables, its helpers, wherever th
 stood in for only when it cannot run here: no file for it (a C extension), an import outside the
 standard library and `RELEASE_DEPENDENCIES` (installed or not, so a verdict does not depend on the
 machine), or any failure while it executes. `stood_in` names each such module with the reason.
-Names pcpcheck provides (`provide`: the harness, such as the PCP group and triton) replace the
-module's own after it runs.
+Names pcpcheck provides (`provide`: triton in interpreter mode, the platform's CPU answers) replace
+the module's own after it runs; `fallback` names serve only where their module is a stand-in.
 
 An inert is never a silent answer: used as a truth value, a container, a number or in a
 comparison it raises `StandInError` naming the file, line and name, and records it for the
@@ -380,14 +380,18 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__spec__ = importlib.machinery.ModuleSpec(name, self, is_package=True)
         module.__loader__ = self
         module.__package__ = name
+        why = f"; {name}: {self.stood_in[name]}" if name in self.stood_in else ""
         for key, value in self._fallbacks.get(name, {}).items():
             setattr(module, key, value)
-            why = self.stood_in.get(name)
-            self.provided.append(f"{name}.{key} (working stand-in" + (f"; {name}: {why})" if why else ")"))
-        for key, value in self._overrides.get(name, {}).items():
-            setattr(module, key, value)
+            self.provided.append(f"{name}.{key} (working stand-in{why})")
+        self._override(module)
         self.modules[name] = module
         return module
+
+    def _override(self, module: types.ModuleType) -> None:
+        """The names pcpcheck provides for `module`, in place of its own."""
+        for key, value in self._overrides.get(module.__name__, {}).items():
+            setattr(module, key, value)
 
     def _from_tree(self, name: str) -> types.ModuleType | None:
         """`name` executed from the tree, or None (and the reason in `stood_in`)."""
@@ -443,8 +447,7 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                     sys.modules.pop(name, None)
                 else:
                     sys.modules[name] = previous
-            for key, value in self._overrides.get(name, {}).items():
-                setattr(module, key, value)
+            self._override(module)
             self.executed.append(name)
         return module
 
@@ -524,5 +527,4 @@ def _failure(exc: BaseException, filename: str) -> str:
     if isinstance(exc, StandInError) and exc.name:
         return f"uses {exc.name}, a stand-in, as {exc.use}{where}"
     text = " ".join(str(exc).split())[:200]
-    return f"fails here{where}: {type(exc).__name__}: {text}" if text else \
-        f"fails here{where}: {type(exc).__name__}"
+    return f"fails here{where}: {type(exc).__name__}" + (f": {text}" if text else "")
