@@ -1,4 +1,4 @@
-"""``write_kv_cache``: the cache-write kernel rule (pcp-semantics section 4) as a torch op."""
+"""``write_kv_cache``: the cache-write kernel rule (docs/semantics.md section 4) as a torch op."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """``gather_prefill_cache_inputs``: the PCP KV-cache gather, vLLM's signature, torch.
 
-Branches (pcp-semantics section 5; ``L`` = local rows, ``S`` = len(slot_mapping), ``P`` = PCP
-world size, ``nd`` = num_decode_tokens):
+Branches (docs/semantics.md section 5; ``L`` = local rows, ``S`` = len(slot_mapping), ``P`` =
+PCP world size, ``nd`` = num_decode_tokens):
 
 - A  ``S <= L`` (unexpanded map): rows ``T[:S]``, slots ``s[:S]`` -- the spec's answer; upstream
   keeps ``[:nd]``, which drops the KV of real prefill-classified rows (bug class 10).
@@ -305,7 +305,7 @@ def check_nd_agreement(
 
 
 def select_branch(num_rows: int, num_slots: int, nd: int, shard: bool) -> str:
-    """Branch letter of section 5 for ``L``, ``S``, ``nd`` and the shard flag."""
+    """Branch letter of docs/semantics.md section 5 for ``L``, ``S``, ``nd`` and the shard flag."""
     if num_slots <= num_rows:
         return "A"
     if shard:

@@ -1,4 +1,6 @@
-"""Sparse-indexer wrapper around the gather: ``(k,)``, truncated first (pcp-semantics s. 5).
+"""Sparse-indexer wrapper around the gather: ``(k,)``, truncated first.
+
+The wrapper and its truncation: docs/semantics.md section 5.
 
 Signature and defaults of vLLM 0.33.0's ``maybe_gather_indexer_k``: positional
 ``(k, slot_mapping, num_decode_tokens, use_pcp, pcp_shard_decode_requests=False)``; keyword-only

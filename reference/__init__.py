@@ -1,6 +1,6 @@
 """Pure-numpy reference model of vLLM's PCP KV-cache gather (vectorised).
 
-An independent statement of pcp-semantics sections 2-5: imports only the vocabulary in
+An independent statement of docs/semantics.md sections 2-5: imports only the vocabulary in
 spec.names, never spec/ logic, impl/ or pcpcheck/.
 """
 

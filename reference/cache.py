@@ -1,4 +1,4 @@
-"""The cache-write kernel rule (pcp-semantics section 4) and the caches a step must produce."""
+"""The cache-write kernel rule (docs/semantics.md section 4) and the caches a step must produce."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The gather's five branches (pcp-semantics section 5), modelled over all ranks at once.
+"""The gather's five branches (docs/semantics.md section 5), modelled over all ranks at once.
 
 Rows are copied bit-exactly (slicing and concatenation only, never arithmetic on values), so any
 dtype and trailing shape works: float16/32, int8, uint8 views of bf16/fp8 bytes, ...

@@ -1,4 +1,4 @@
-"""Token layout of the PCP manager and the DCP slot formula (pcp-semantics sections 2 and 3).
+"""Token layout of the PCP manager and the DCP slot formula (docs/semantics.md sections 2 and 3).
 
 Vectorised numpy. Imports only the shared vocabulary `spec.names`: this is an independent
 statement of the behaviour, not a re-export of spec/model.py.
@@ -155,7 +155,7 @@ def expand_slot_mapping(gidx, wmask, slots) -> np.ndarray:
     return out
 
 
-# Layout eras: where vLLM's PCP manager really changed (pcp-semantics section 9).
+# Layout eras: where vLLM's PCP manager really changed (docs/semantics.md section 9).
 ERA_CURRENT = "0.30"  # 0.30 onward: section 2 (decodes first; DCP short prefills replicated)
 ERA_V026 = "0.26"  # 0.26-0.29: every prefill split, pure prefills last, decodes not first
 ERAS = (ERA_CURRENT, ERA_V026)
@@ -190,7 +190,7 @@ def layout(batch: Batch, slots=None, era: str = ERA_CURRENT) -> Layout:
         segs += [(start, length, write) for start, length, write, _ in rows]
         seg_rank_l += [r] * len(rows)
         counts_l.append(sum(length for _, length, _, _ in rows))
-        leading = 0  # nd: the leading decode rows (the kernel's split, sem section 9)
+        leading = 0  # nd: the leading decode rows (the kernel's split, docs/semantics.md section 9)
         for _, length, _, decode in rows:
             if not decode:
                 break

@@ -4,7 +4,7 @@ Pure Python (ints, lists, loops) so CrossHair can execute it symbolically. Rows 
 real token's id (its global index in batch order, >= 0) or a negative label for a padding row
 (`pad_label`); a row the kernel reads past the end of the rows is `NO_ROW`.
 
-Sections refer to /work/shared/docs/pcp-semantics.md; SPEC.md states the invariants.
+Sections refer to docs/semantics.md (section N); SPEC.md states the invariants.
 """
 
 from __future__ import annotations

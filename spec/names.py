@@ -20,13 +20,14 @@ NO_ROW = -(2**31)  # an output row that is no input row, or a row that is missin
 # negative, distinct across ranks. Each statement computes it itself (spec.model.pad_label, ...).
 
 
-# Regimes a case is drawn from (pcp-semantics sections 2 and 5).
+# Regimes a case is drawn from (docs/semantics.md sections 2 and 5).
 SHARDED = "sharded"  # D = 1, decodes dealt round-robin, gather called with shard=True
 REPLICATED = "replicated"  # D = 1, decode sharding off: decodes on every rank
 DCP = "dcp"  # D = P: KV cache sharded, each rank's expanded map holds only its own tokens
 DRAFT = "draft"  # replicated speculative step: unexpanded map, every real row a decode
-# Hazard (pcp-semantics sections 2, 9): a multi-token draft block (q >= 2) the kernel classifies
-# as prefill (decode threshold 1), so nd < real rows. Latent in vLLM 0.33.0, not live: opt-in.
+# Hazard (docs/semantics.md sections 2, 9): a multi-token draft block (q >= 2) the kernel
+# classifies as prefill (decode threshold 1), so nd < real rows. Latent in vLLM 0.33.0, not live:
+# opt-in.
 DRAFT_MIXED = "draft-mixed"
 REGIMES = (SHARDED, REPLICATED, DCP, DRAFT, DRAFT_MIXED)
 HAZARD_REGIMES = (DRAFT_MIXED,)  # checked only on request; their violations are tagged hazard
@@ -35,7 +36,7 @@ DRAFT_DECODE_THRESHOLD = 1  # draft-mixed: a request counts as a decode iff q <=
 EXPANDED_REGIMES = (SHARDED, REPLICATED, DCP)
 DRAFT_REGIMES = (DRAFT, DRAFT_MIXED)
 
-# Gather branches (pcp-semantics section 5).
+# Gather branches (docs/semantics.md section 5).
 BRANCH_UNEXPANDED = "A"
 BRANCH_SHARDED = "B"
 BRANCH_ALL_DECODE = "C"

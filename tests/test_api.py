@@ -161,7 +161,9 @@ def test_summary_is_the_verdict_table_in_markdown(tmp_path, pcpcheck_check, caps
                            "--summary", summary]) == 1
     assert f"--summary: wrote {summary}" in capsys.readouterr().out
     lines = summary.read_text().splitlines()
-    assert lines[0].endswith(": 1 new violation(s)") and lines[2] == f"| invariant | {DRAFT_MIXED} (hazard) |"
+    assert lines[0].endswith(": 1 violation(s) (regime x invariant), 1 in hazard regimes; "
+                             "1 counterexample(s), 1 shown")
+    assert lines[2] == f"| invariant | {DRAFT_MIXED} (hazard) |"
     rows = dict(re.fullmatch(r"\| (\w+) \| (.*) \|", line).groups() for line in lines[4:4 + len(IDS)])
     assert set(rows) == set(IDS) and rows[SHARD] == "n/a"
     assert re.fullmatch(r"\d+/\d+ FAIL \*\*new\*\*", rows.pop(REPLICA))
@@ -319,14 +321,15 @@ def test_no_hypothesis_directory_where_pcpcheck_runs(tmp_path):
 
 # --- reproducers ----------------------------------------------------------------------------
 
-def test_reproducer_names_the_target_relative_and_can_be_pointed_elsewhere(tmp_path, monkeypatch,
-                                                                          pcpcheck_check):
+def test_reproducer_names_the_target_relative_to_itself_and_can_be_pointed_elsewhere(
+        tmp_path, monkeypatch, pcpcheck_check):
     monkeypatch.chdir(ROOT)
     target = "tests/zoo/bug04_truncated_slots.py"
     assert pcpcheck_check([target, "--regime", SHARDED, "--max-examples", "100",
                            "--repro-dir", tmp_path]) == 1
     [reproducer] = tmp_path.glob("test_repro_*.py")
-    assert f"or {target!r}" in reproducer.read_text()
+    relative = os.path.relpath(ROOT / target, tmp_path)  # to the reproducer's own folder
+    assert f"__file__)), {relative!r}))" in reproducer.read_text()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
     def pytest_run(**extra):

@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,9 @@ import yaml
 from fresh_env import ROOT, copy_tracked, make_venv, venv_env, vllm_checkout
 
 ACTION = yaml.safe_load((ROOT / "action.yml").read_text())
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+HOME, VERSION = PROJECT["urls"]["Repository"], PROJECT["version"]
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 HOOKS = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
 # the files of vLLM's PCP KV-cache path whose change triggers a check (docs/ci.md)
 PCP_FILES = ["vllm/v1/attention/ops/pcp.py", "vllm/model_executor/layers/attention/pcp.py",
@@ -81,7 +85,7 @@ def action(tmp_path_factory) -> tuple[Path, Path]:
     stand in for the index (pip-args), as `pip install torch ...` would fetch them."""
     base = tmp_path_factory.mktemp("action")
     venv, action_path = make_venv(base / "venv"), copy_tracked(base / "action")
-    step = run_step("Install pcpcheck", venv, base, action_path,
+    step = run_step("Install pcpcheck", venv, base, action_path, torch_index="",
                     pip_args="--no-deps --no-build-isolation --no-index --quiet")
     assert step["code"] == 0, step["out"][-3000:]
     assert re.search(r"^pcpcheck \d+\.\d+", step["out"], re.M), step["out"][-3000:]
@@ -122,13 +126,13 @@ def test_the_actions_mode_input(action, tmp_path):
     checkout = vllm_checkout(tmp_path / "vllm")
     # one regime, a short budget: what is tested is the command the mode makes, not the search
     step = run_step("pcpcheck vllm", venv, checkout, action_path, mode="exhaustive",
-                    regimes="replicated", budget="15")
+                    regimes="replicated", budget="3")
     assert " --exhaustive" in step["out"].splitlines()[0]  # pcpcheck's exhaustive search
     assert re.search(r"^exhaustive: [\d,]+ of [\d,]+ steps", step["out"], re.M), step["out"][-3000:]
     # the job summary says what the bounded claim covered, and that the budget cut it short
     assert re.search(r"^exhaustive: [\d,]+ of [\d,]+ steps .*: the budget ran out$",
                      step["summary"], re.M), step["summary"]
-    assert "The budget of 15 s was reached" in step["summary"]
+    assert "The budget of 3 s was reached" in step["summary"]
     step = run_step("pcpcheck vllm", venv, checkout, action_path, mode="sometimes")
     assert (step["code"], step["outputs"]) == (2, {"exit-code": "2"})
     assert "::error::pcpcheck: mode must be random or exhaustive, got 'sometimes'" in step["out"]
@@ -203,4 +207,24 @@ def test_the_github_workflow_of_docs_ci_triggers_on_the_pcp_files():
     workflow = yaml.safe_load(ci_doc_block("## GitHub Actions"))
     assert workflow[True]["pull_request"]["paths"] == PCP_FILES  # yaml reads `on` as True
     uses = [s.get("uses", "") for s in workflow["jobs"]["pcpcheck"]["steps"]]
-    assert any(u.startswith("YOUR_ORG/pcpcheck@v") for u in uses)
+    assert f"{HOME.removeprefix('https://github.com/')}@v{VERSION}" in uses, uses
+
+
+def test_every_integration_installs_the_kernels_extra_a_cpu_torch_and_pcpchecks_home():
+    """In a CI the slot-mapping stage runs the release's own kernels (the kernels extra), and
+    torch comes from PyTorch's CPU index, never pip's default (a CUDA build of several GB)."""
+    install = steps_named()["Install pcpcheck"]["run"]
+    assert ACTION["inputs"]["torch-index"]["default"] == CPU_TORCH_INDEX
+    assert '--index-url "$PCPCHECK_TORCH_INDEX"' in install
+    assert 'install $PCPCHECK_PIP_ARGS "$PCPCHECK_PACKAGE[kernels]"' in install
+    assert install.index("$PCPCHECK_TORCH\"") < install.index("[kernels]")  # torch first
+    (step,) = yaml.safe_load(ci_doc_block("## Buildkite"))
+    torch, package = (c for c in step["commands"] if c.startswith("pip install"))
+    assert shlex.split(torch)[2:] == ["torch>=2.4,<2.15", "--index-url", CPU_TORCH_INDEX], torch
+    assert shlex.split(package)[2:] == [f"pcpcheck[kernels] @ git+{HOME}@v{VERSION}"], package
+    (python_hook,) = [hook for hook in HOOKS if hook["language"] == "python"]
+    assert python_hook["additional_dependencies"] == [f"--extra-index-url={CPU_TORCH_INDEX}",
+                                                      ".[kernels]"]
+    hook_config = yaml.safe_load(ci_doc_block("## pre-commit"))
+    assert [repo["repo"] for repo in hook_config["repos"]] == [HOME]
+    assert "YOUR_" not in (ROOT / "README.md").read_text() + (ROOT / "docs" / "ci.md").read_text()

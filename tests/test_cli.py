@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given
 
 from pcpcheck.faces.cli import main
@@ -30,11 +31,39 @@ def _one_line_error(capsys) -> str:
     (["check", "--timeout", "-1"], "--timeout must be positive"),
     (["check", "impl", "--replay", "{not json"], "--replay is not a well-formed case: not JSON"),
     (["check", "--frobnicate"], "unrecognized arguments: --frobnicate"),
-    (["diff", "impl"], "the following arguments are required: new"),
+    (["diff", "impl"], "the following arguments are required: NEW"),
+    (["chek", "impl"], "unknown command 'chek': did you mean 'check'?"),
+    (["vllm", "no/such/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"],
+     "no/such/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl: no such file or directory"),
 ])
 def test_usage_errors_exit_2_with_one_line(argv, fragment, capsys):
     assert main(argv) == 2
     assert fragment in _one_line_error(capsys)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU torch can use")
+def test_device_cuda_without_a_gpu_is_a_usage_error_not_a_violation(capsys):
+    assert main(["check", "impl", "--device", "cuda", "--max-examples", "10"]) == 2
+    assert _one_line_error(capsys).startswith("pcpcheck: usage error: --device cuda: torch ")
+
+
+def test_json_to_stdout_leaves_stdout_to_the_json_alone(capsys):
+    assert main(["check", "impl", "--max-examples", "10", "--regime", "replicated",
+                 "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["verdicts"] == {"replicated": "holds"}
+    assert "every invariant holds" in captured.err
+    assert not Path("-").exists()
+
+
+def test_help_says_every_default_and_what_diff_compares(capsys):
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    assert "hung (default 10.0)" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit):
+        main(["diff", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "OLD the version" in text and "NEW the changed version" in text
 
 
 def test_file_that_is_not_a_gather(tmp_path, capsys):

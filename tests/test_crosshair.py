@@ -6,7 +6,7 @@ and planted runs; the wall-clock limit is only a guard against a stuck path). Wh
 run worth something, per regime: a probe (the same property with a violation right after the
 preconditions) is found within the budget, so the preconditions are satisfiable and the domain
 is explored; and a planted bug in that regime is found within the same budget
-(tooling-notes: leading asserts as preconditions, `analysis_kind=asserts`).
+(CrossHair's asserts mode: leading asserts are preconditions, `analysis_kind=asserts`).
 
 PYTEST_DONT_REWRITE: pytest's assertion rewriting would reach the property CrossHair executes,
 changing its messages and slowing the search about tenfold.

@@ -163,3 +163,24 @@ def test_a_release_without_a_pcp_path_is_refused_before_any_download(monkeypatch
     assert capsys.readouterr().err.strip() == (
         "pcpcheck: cannot read the vLLM source: vLLM 0.25.0 has no PCP path to check: "
         "vllm/v1/worker/gpu/pcp_manager.py first ships in 0.26.0")
+
+
+def test_a_reproducer_runs_from_any_directory(tmp_path):
+    """A relative target (`pcpcheck check my_pcp.py --repro-dir repros`) is named relative to the
+    reproducer's own file: run from repros/ or from elsewhere, it fails with the invariant, not
+    with "no such file"."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "my_pcp.py").write_text((ZOO / "bug04_truncated_slots.py").read_text())
+    done = subprocess.run([sys.executable, "-m", "pcpcheck", "check", "my_pcp.py", "--regime",
+                           REPLICATED, "--max-examples", "100", "--repro-dir", "repros"],
+                          cwd=work, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr
+    (reproducer,) = (work / "repros").iterdir()
+    assert "Needs pcpcheck and pytest installed" in reproducer.read_text()
+    for cwd in (work / "repros", tmp_path):
+        ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                              str(reproducer)], cwd=cwd, capture_output=True, text=True,
+                             timeout=300)
+        assert ran.returncode == 1, ran.stdout[-2000:] + ran.stderr
+        assert "REPLICA violated" in ran.stdout and "LoadError" not in ran.stdout, ran.stdout[-2000:]

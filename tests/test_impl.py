@@ -185,8 +185,8 @@ def test_branch_c_all_decode_uses_rank0_block(rank):
 
 
 def test_branch_b_golden_sharded_decodes():
-    # pcp-semantics golden: three 1-token decodes, slots [123, 456, 789], counts [2, 1],
-    # E = [123, 789, 456, -1]; rows [11, 33 | 22, 0] -> [11, 33, 22, 0].
+    # docs/semantics.md section 2 golden: three 1-token decodes, slots [123, 456, 789], counts
+    # [2, 1], E = [123, 789, 456, -1]; rows [11, 33 | 22, 0] -> [11, 33, 22, 0].
     r0 = (torch.tensor([11, 33], dtype=I8), torch.tensor([[1.5], [3.5]], dtype=BF16))
     r1 = (torch.tensor([22, 0], dtype=I8), torch.tensor([[2.5], [0.0]], dtype=BF16))
     g = FakeGroup(2, 0, [[r0, r1]])
@@ -228,7 +228,7 @@ def test_branch_d_no_decode_gathers_all():
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_branch_e_golden_mixed(rank):
-    # pcp-semantics golden: nd = 1, W = 4, expanded [10, 11, 12, 13, -1, 21, 22, 23]
+    # docs/semantics.md section 2 golden: nd = 1, W = 4, expanded [10, 11, 12, 13, -1, 21, 22, 23]
     # -> cache slots [10, 11, 12, 13, 21, 22, 23]. Local decode row, then each rank's prefills.
     per_rank = [rank_tensors(r, 4) for r in range(2)]
     g = FakeGroup(2, rank, [[tuple(t[1:] for t in ts) for ts in per_rank]])
@@ -304,8 +304,8 @@ def run_world(runner, per_rank, slot_map, nd, shard):
 
 
 def expected_rows(per_rank, rank, k, nd, branch):
-    """Tensor k's rows on ``rank``, one tensor at a time (section 5): what one all_gather per
-    tensor returns."""
+    """Tensor k's rows on ``rank``, one tensor at a time (docs/semantics.md section 5): what one
+    all_gather per tensor returns."""
     if branch == "C":
         return per_rank[rank][k]
     if branch == "E":

@@ -100,7 +100,7 @@ def test_loads_each_zoo_file(path):
 
 
 def test_zoo_correct_golden_sharded_example():
-    # pcp-semantics section 2: P=2 sharded, three 1-token decodes, slots [123, 456, 789].
+    # docs/semantics.md section 2: P=2 sharded, three 1-token decodes, slots [123, 456, 789].
     target = load_target(str(ZOO / "correct.py"))
     slots = torch.tensor([123, 789, 456, -1])
     per_rank = [
@@ -113,7 +113,7 @@ def test_zoo_correct_golden_sharded_example():
 
 
 def test_zoo_correct_golden_mixed_example():
-    # pcp-semantics section 2: legacy mixed gather, nd=1, W=4.
+    # docs/semantics.md section 2: legacy mixed gather, nd=1, W=4.
     target = load_target(str(ZOO / "correct.py"))
     slots = torch.tensor([10, 11, 12, 13, -1, 21, 22, 23])
     per_rank = [

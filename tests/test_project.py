@@ -53,6 +53,17 @@ def test_ci_runs_the_readme_test_command():
     assert "pip install torch==2.13.0 -e . && pcpcheck" in readme
 
 
+def test_the_readme_is_a_newcomers_page_and_cites_no_internal_issue():
+    """What a newcomer reads first stays short (the rest lives in docs/, linked from it); the
+    project's own issue numbers mean nothing to a user."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    for path in (ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").glob("*.md")):
+        assert not re.search(r"\bissues? \d+", path.read_text()), path.name
+    for linked in re.findall(r"`(docs/[\w-]+\.md)`", readme):
+        assert (ROOT / linked).is_file(), linked
+
+
 def test_the_version_lives_in_pyproject_and_the_changelog_records_it():
     """One place for the version (pyproject.toml; --version and the JSON read the installed
     metadata, tests/test_packaging.py checks both from the wheel); CHANGELOG.md's newest

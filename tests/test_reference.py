@@ -1,4 +1,4 @@
-"""Golden examples pinning reference/ (the numpy model) to pcp-semantics sections 2-5.
+"""Golden examples pinning reference/ (the numpy model) to docs/semantics.md sections 2-5.
 
 Each test names what it pins. Hand-computed expectations only: no other package's model.
 """

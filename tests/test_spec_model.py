@@ -1,5 +1,6 @@
-"""Unit tests of spec/model.py: the golden examples of pcp-semantics section 2, the slot formula,
-each gather branch, the kernel rule, and one property test tying model + predicates together."""
+"""Unit tests of spec/model.py: the golden examples of docs/semantics.md section 2, the slot
+formula, each gather branch, the kernel rule, and one property test tying model + predicates
+together (section numbers below are docs/semantics.md's)."""
 
 from __future__ import annotations
 

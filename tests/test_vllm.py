@@ -302,7 +302,8 @@ def test_cli_writes_ci_outputs_and_honours_a_baseline(tmp_path, capsys):
     out.mkdir()
     assert main(args) == 1
     summary = (out / "s.md").read_text()
-    assert "| LAYOUT | " in summary and "FAIL **new**" in summary and "new violation(s)" in summary
+    assert "| LAYOUT | " in summary and "FAIL **new**" in summary
+    assert "violation(s) (regime x invariant)" in summary.splitlines()[0]
     assert '<failure type="LAYOUT"' in (out / "x.xml").read_text()
     assert (out / "html" / "index.html").is_file() and len(list((out / "html").glob("*.html"))) > 1
     baseline = tmp_path / "baseline"

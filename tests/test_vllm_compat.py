@@ -4,7 +4,7 @@ Driven exactly as vLLM's model code and unit tests drive ``vllm/v1/attention/ops
 call as rank 0; the group is a test double with only ``world_size`` and ``all_gather(t, dim=0)``
 returning canned data, registered with the provider (model code never passes a group); positional
 and keyword calls; the defaults; the MLA and indexer wrappers with vLLM's argument order and the
-keyword ``pcp_shard_decode_requests``. Expected values come from pcp-semantics.md: the golden
+keyword ``pcp_shard_decode_requests``. Expected values come from docs/semantics.md: the golden
 examples of section 2 and the branch table of section 5. The public signatures are pinned, and a
 behavioural test fails if the default of the shard flag changes.
 
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import os
-import pathlib
 import types
 import zipfile
 
@@ -123,7 +121,7 @@ def test_group_with_only_world_size_and_all_gather(registered, check):
 
 
 # ---------------------------------------------------------------------------------------------
-# 2. golden examples of pcp-semantics section 2, as vLLM's tests call the gather
+# 2. golden examples of docs/semantics.md section 2, as vLLM's tests call the gather
 
 
 def test_golden_sharded_three_decodes_positional_and_keyword():
@@ -259,21 +257,11 @@ def test_public_signature_and_defaults(fn):
     assert _params(fn) == EXPECTED[fn]
 
 
-def _vllm_033_source() -> str | None:
-    wheel_dir = pathlib.Path(os.environ.get("VLLM_WHEEL_DIR", "/work/wheels"))
-    wheels = sorted(wheel_dir.glob("vllm-0.33.0-*.whl")) if wheel_dir.is_dir() else []
-    if not wheels:
-        return None
-    with zipfile.ZipFile(wheels[0]) as zf:
-        return zf.read("vllm/v1/attention/ops/pcp.py").decode()
-
-
-def test_expected_signatures_are_vllm_033s():
-    """The pinned positional part is vLLM 0.33.0's, read (never copied) from its wheel with ast:
-    names, order and literal defaults. Skips where no wheel is at hand (VLLM_WHEEL_DIR)."""
-    source = _vllm_033_source()
-    if source is None:
-        pytest.skip("no vllm-0.33.0 wheel in VLLM_WHEEL_DIR (default /work/wheels)")
+def test_expected_signatures_are_vllm_033s(wheel):
+    """The pinned positional part is vLLM 0.33.0's, read (never copied) from its wheel (fetched
+    into pcpcheck's wheel cache) with ast: names, order and literal defaults."""
+    with zipfile.ZipFile(wheel) as archive:
+        source = archive.read("vllm/v1/attention/ops/pcp.py").decode()
     defs = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
     for fn, vllm_name in VLLM_NAMES.items():
         args = defs[vllm_name].args
@@ -420,7 +408,7 @@ def _cache_after(rows_out: torch.Tensor, slots_out: torch.Tensor) -> torch.Tenso
 
 
 def _vllm_033_branch_a(tensor, slot_mapping, nd):
-    """vLLM 0.33.0's branch A as pcp-semantics section 5 states it: ``T[:nd]``, ``s[:nd]``."""
+    """vLLM 0.33.0's branch A as docs/semantics.md section 5 states it: ``T[:nd]``, ``s[:nd]``."""
     return tensor[:nd], slot_mapping[:nd]
 
 

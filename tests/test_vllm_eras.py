@@ -1,6 +1,6 @@
-"""The reference's layout eras (pcp-semantics section 9): golden examples of the 0.26-0.29
-manager's layout, next to the section-2 layout (0.30 on) for the same steps, and the release's
-batch order the steps are drawn in."""
+"""The reference's layout eras (docs/semantics.md section 9): golden examples of the 0.26-0.29
+manager's layout, next to the layout of docs/semantics.md section 2 (0.30 on) for the same steps,
+and the release's batch order the steps are drawn in."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The bug zoo through `pcpcheck check FILE`, as a user runs it: one deliberately wrong gather per
-function-level bug class of pcp-semantics section 7 (tests/zoo/), each reported under the exact
+function-level bug class of docs/semantics.md section 7 (tests/zoo/), each reported under the exact
 invariant ID it violates, shrunk to the minimal case stated here, with a reproducer that fails.
 
 Minimal cases are what hypothesis shrinking reaches with the case strategy of pcpcheck.search.draw;

@@ -17,11 +17,14 @@ from pcpcheck.shared.results import (
     ViolationRecord,
     version,
 )
-from pcpcheck_spec.names import HAZARD_REGIMES
+from pcpcheck_spec.names import HAZARD_REGIMES, REPLICA, SHARD
 from pcpcheck_spec.registry import IDS
 
 
-def summary(result) -> RegimeSummary:
+def summary(result, capabilities: dict | None = None) -> RegimeSummary:
+    """A regime's summary; `capabilities`: a release's (None for a gather checked alone), which
+    decide the coverage features its cases could reach (coverage.unreachable: left out, n/a)."""
+    unreachable = coverage.unreachable(result.regime, capabilities)
     return RegimeSummary(
         regime=result.regime, cases=result.cases, seconds=round(result.seconds, 3),
         check_seconds=round(result.check_seconds, 3),
@@ -31,7 +34,8 @@ def summary(result) -> RegimeSummary:
         slowest_call=round(result.slowest_call, 4),
         mean_call=round(result.call_seconds / result.cases, 4) if result.cases else 0.0,
         branches=tuple((b, result.branches[b]) for b in coverage.BRANCHES),
-        features=tuple((f, result.features[f]) for f in coverage.FEATURES),
+        features=tuple((f, result.features[f]) for f in coverage.FEATURES
+                       if f not in unreachable or result.features[f]),
         scope_steps=result.scope_steps, real_stages=tuple(sorted(result.real_stages.items())))
 
 
@@ -69,21 +73,32 @@ def result(source: str, target, options: Options, results, baseline: Baseline,
             tuple(e for e in baseline.entries if e not in known and e[0] in options.regimes))
     return CheckResult(version=version(), target=source, target_name=target.name,
                        stand_ins=tuple(target.stand_ins), options=options,
-                       regimes=tuple(summary(r) for r in results),
+                       regimes=tuple(summary(r, None if release is None else release.capabilities)
+                                     for r in results),
                        counterexamples=tuple(counterexamples), baseline=outcome, release=release)
+
+
+# One check under two names: REPLICA where D = 1, SHARD where D > 1 (regimes that exclude each
+# other). Both compare every rank's cache with the one the spec gives it and blame the ranks whose
+# cache differs (spec/registry.py), so a bug that loses or misplaces KV is REPLICA in one regime
+# and SHARD in dcp: folding takes them as one ID.
+SAME_CHECK = {SHARD: REPLICA}
 
 
 def fold(counterexamples) -> list[int | None]:
     """Per counterexample (regime, observation), in report order: None when it is shown, else
     the index of the shown one it folds into: the shown case also violates the invariant this
-    one is reported under, so both are most likely the same bug (hypothesis shrinks each first
-    violated invariant on its own)."""
+    one is reported under (in any regime; REPLICA and SHARD taken as one: SAME_CHECK), so both
+    are most likely the same bug (hypothesis shrinks each first violated invariant on its own,
+    in each regime)."""
     shown: list[int] = []
     into: list[int | None] = []
     for index, (_, observation) in enumerate(counterexamples):
-        first = observation.violations[0].invariant
+        first = SAME_CHECK.get(observation.violations[0].invariant,
+                               observation.violations[0].invariant)
         host = next((k for k in shown if first in
-                     {v.invariant for v in counterexamples[k][1].violations}), None)
+                     {SAME_CHECK.get(v.invariant, v.invariant)
+                      for v in counterexamples[k][1].violations}), None)
         into.append(host)
         if host is None:
             shown.append(index)

@@ -119,6 +119,12 @@ def default_world_sizes(backend: str, world_sizes, device: str):
 
 def make_runner(backend: str, *, timeout: float, world_sizes, device: str, start: bool = True):
     """The backend (pcpcheck.backends), its process pools started unless start=False (a replay)."""
+    if device == "cuda":
+        import torch
+        if not torch.cuda.is_available():  # else every case fails in the worker, as if the target
+            why = "it is built without CUDA" if torch.version.cuda is None else "it finds no GPU"
+            raise UsageError(f"--device cuda: torch {torch.__version__} cannot use a GPU here "
+                             f"({why}); run on a machine with one, or leave --device at cpu")
     try:
         return make_backend(backend, timeout=timeout, world_sizes=world_sizes if start else None,
                             device=device)

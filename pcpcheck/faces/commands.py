@@ -5,10 +5,13 @@ torchrun's rank 0 (pcpcheck.faces.torchrun_rank) run them; an error is theirs to
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 from pcpcheck import api
 from pcpcheck.judge.explain import LEGEND
 from pcpcheck.render import report
-from pcpcheck.render.outputs import check_outputs, write_outputs
+from pcpcheck.render.outputs import STDOUT, check_outputs, write_outputs
 from pcpcheck.render.progress import LinePrinter
 from pcpcheck.render.repro import write_release_reproducer
 from pcpcheck.shared.results import unreached
@@ -16,7 +19,16 @@ from pcpcheck.shared.results import unreached
 
 def run(args, runner=None) -> int:
     """The command `args` names; `runner` given (torchrun's rank 0: `check` only) is used as
-    is, else the API starts one."""
+    is, else the API starts one. With `--json -` the JSON is stdout's only text: everything the
+    command prints goes to stderr."""
+    if getattr(args, "json", None) == STDOUT:
+        args.json_stream = sys.stdout
+        with contextlib.redirect_stdout(sys.stderr):
+            return _run(args, runner)
+    return _run(args, runner)
+
+
+def _run(args, runner) -> int:
     if args.command == "diff":
         return run_diff(args)
     if args.command == "vllm":
@@ -79,11 +91,11 @@ def run_vllm(args) -> int:
         return result.exit_code
     if args.replay:
         result = api.replay_release(args.source, args.replay, timeout=args.timeout)
-        print("\n".join(report.release_header(result.release, result.target_name, result.stand_ins)))
-        if result.counterexamples:
+        if result.counterexamples:  # the verdict first, what it rests on after it
             print(result.counterexamples[0].report)
         else:
             print(f"  replayed step holds: {', '.join(_checked(result))}")
+        print("\n".join(report.release_header(result.release, result.target_name, result.stand_ins)))
         write_outputs(args, result)
         return result.exit_code
     result = api.check_release(args.source, regimes=args.regimes, max_examples=args.max_examples,

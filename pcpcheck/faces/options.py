@@ -5,6 +5,8 @@ nothing heavy: `pcpcheck --version` and `--help` answer at once."""
 from __future__ import annotations
 
 import argparse
+import difflib
+import os
 
 from pcpcheck.shared.defaults import (
     DEFAULT_BACKEND,
@@ -58,9 +60,11 @@ def _add_search(parser: argparse.ArgumentParser, max_examples: int, unit: str) -
                         help=f"largest PCP size P drawn, {MIN_RANKS}..{MAX_RANKS} (default %(default)s)")
     parser.add_argument("--seed", type=int, help="random seed (default: derandomized, repeatable)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
-                        help="seconds a rank may take for one case before it counts as hung")
+                        help="seconds a rank may take for one case before it counts as hung "
+                             "(default %(default)s)")
     parser.add_argument("--json", metavar="FILE",
-                        help="write the result as JSON (schema: docs/json-schema.md)")
+                        help="write the result as JSON (schema: docs/json-schema.md); - writes it "
+                             "to stdout, the report then going to stderr")
     parser.add_argument("--traceback", action="store_true",
                         help="on a failure of pcpcheck itself (exit 3), also print its traceback")
 
@@ -148,8 +152,9 @@ def parser() -> argparse.ArgumentParser:
                        help="judge this one case (as printed in a counterexample's replay line)")
     _add_exhaustive(check)
     diff = commands.add_parser("diff", help="compare two versions of the gather on the same cases")
-    diff.add_argument("old")
-    diff.add_argument("new")
+    diff.add_argument("old", metavar="OLD", help="the version the search's outcomes are compared "
+                                                 "against: a .py file, module:function or impl")
+    diff.add_argument("new", metavar="NEW", help="the changed version, in the same forms")
     _add_common(diff)
     _add_vllm(commands)
     return parser
@@ -175,7 +180,22 @@ def _add_vllm(commands) -> None:
                       help="with --steps: write a standalone pytest reproducer per violated step")
 
 
+def _refuse_a_mistyped_command(word: str) -> None:
+    """`pcpcheck chek impl` would check a target named "chek": a word close to a command, that
+    cannot be a target (no file of that name, no path, no module:function), is a typo."""
+    if word.startswith("-") or word == "impl" or any(c in word for c in "/\\.:") \
+            or os.path.exists(word):
+        return
+    close = difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.6)
+    if close:
+        raise UsageError(f"unknown command {word!r}: did you mean {close[0]!r}? (commands: "
+                         f"{', '.join(COMMANDS)}; a target is a .py file, module:function or "
+                         "impl)")
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
+    if argv and argv[0] not in (*COMMANDS, "-h", "--help", "--version"):
+        _refuse_a_mistyped_command(argv[0])
     if not argv or argv[0] not in (*COMMANDS, "-h", "--help", "--version"):
         argv = ["check", *argv]
     args = parser().parse_args(argv)

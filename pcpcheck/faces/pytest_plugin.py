@@ -1,6 +1,7 @@
 """pcpcheck's pytest plugin (entry point `pytest11`), for a host suite that checks its gather.
 
     pytest --pcp-target path/to/pcp.py [--pcp-target mypkg.pcp:gather] [--pcp-regime sharded]
+    python -m pytest --pcp-only --pcp-target vllm/v1/attention/ops/pcp.py   # in a vLLM checkout
 
 Each target becomes one test item per regime x invariant (`REPLICA[draft-mixed]`): it passes,
 fails with the counterexample as its message, is skipped where the invariant does not apply, or
@@ -11,6 +12,10 @@ The `pcpcheck` fixture runs `pcpcheck.check` for a custom test:
     def test_my_gather(pcpcheck):
         result = pcpcheck("mypkg.pcp:gather", regimes=("sharded",))
         assert result.holds, [c.report for c in result.new_violations]
+
+`--pcp-only` runs pcpcheck's items alone, whatever the directory's own pytest set-up: no
+`conftest.py` is loaded, no test file collected, and the `addopts` of its pytest configuration
+are dropped (a vLLM checkout's test files need GPU packages, and its settings are for its suite).
 
 Both take the host suite's hypothesis profile (max_examples, derandomize) and its
 `--hypothesis-seed`. Without --pcp-target the plugin adds only its options and the fixture:
@@ -39,6 +44,23 @@ def pytest_addoption(parser) -> None:
     group.addoption("--pcp-baseline", metavar="FILE",
                     help="known violations, one 'REGIME INVARIANT' per line: they xfail")
     group.addoption("--pcp-function", metavar="NAME", help="the gather's name in each target")
+    group.addoption("--pcp-only", action="store_true",
+                    help="run pcpcheck's items alone: no conftest.py, no test file, no ini addopts")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook loads the initial conftest.py files
+def pytest_load_initial_conftests(early_config, args: list[str]) -> None:
+    if not early_config.known_args_namespace.pcp_only:
+        return
+    early_config.known_args_namespace.noconftest = True
+    # the ini's addopts stand first in args, the one list pytest parses the options from next
+    addopts = early_config.getini("addopts")
+    if addopts and args[:len(addopts)] == addopts:
+        del args[:len(addopts)]
+
+
+def pytest_ignore_collect(collection_path, config) -> bool | None:
+    return True if config.getoption("pcp_only") else None
 
 
 def _host_options(config) -> dict:

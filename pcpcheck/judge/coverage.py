@@ -1,4 +1,4 @@
-"""What a case exercised: the gather branch each rank takes (A-E, pcp-semantics section 5) and
+"""What a case exercised: the gather branch each rank takes (A-E, docs/semantics.md section 5) and
 the layout features of the step (section 2). Worked out in the driver from the case and the
 reference's layout of it (prepare.plan), never from what the target returned (a release's own
 manager reports its layout: that is judged, not trusted for coverage), and counted
@@ -34,10 +34,23 @@ EMPTY_RANK = "rank with zero real rows"
 ROUND_ROBIN = "decodes dealt round-robin"  # shard flag, two or more decodes with rows
 SHORT_PREFILL_REPLICATED = "short prefill replicated (dcp)"  # (2P-1)*ceil(q/2P) >= q, D > 1
 KV_GROUPS = "several KV groups"  # a release step whose gather calls were judged per KV group
-# (the engine counts it from the observation: a drawn gather case carries one group)
+# (the engine counts it from the observation: a drawn gather case carries one group; see
+# `unreachable`)
 SPLIT_HEAD_TAIL = "request split head/tail"  # a split prefill whose rank 0 gets both chunks
 FEATURES = (GRAPH_PADDING, DP_PADDING, MAP_PAST_ND, INTERLEAVE_2, EMPTY_RANK, ROUND_ROBIN,
             SHORT_PREFILL_REPLICATED, KV_GROUPS, SPLIT_HEAD_TAIL)
+
+
+def unreachable(regime: str, capabilities: dict | None = None) -> frozenset[str]:
+    """The features of FEATURES no case of `regime` can exercise in this kind of run, left out
+    of its counts so that a report shows n/a there, never 0. `capabilities`: None for a gather
+    checked alone (`pcpcheck check`, a replay: one gather call per case, one KV group), else a
+    release's (ReleaseRecord.capabilities: `pcpcheck vllm`), whose step calls the gather again
+    for its second KV group only in dcp, where that group is replicated
+    (protocol.Capabilities.replicated_group_call)."""
+    if capabilities is not None and regime == DCP and capabilities.get("replicated_kv_group"):
+        return frozenset()
+    return frozenset({KV_GROUPS})
 
 
 def branches(case: Case, era: str = reference.ERA_CURRENT) -> set[str]:

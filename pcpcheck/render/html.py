@@ -13,7 +13,7 @@ import html
 import os
 
 from pcpcheck.judge.explain import label
-from pcpcheck.render.report import cell
+from pcpcheck.render.report import cell, coverage_rows
 from pcpcheck.shared.case import describe
 from pcpcheck.shared.results import Counterexample
 from pcpcheck_spec.registry import GATHER_IDS, RELEASE_IDS
@@ -188,14 +188,11 @@ def index_page(result, pages: list[tuple[str, Counterexample]]) -> str:
     cases = "".join(f"<td>{s.cases}</td>" for s in result.regimes)
     body.append(f'<h2>Verdict per regime</h2><table class="grid"><tr><th></th>{header}</tr>'
                 f"<tr><th>cases</th>{cases}</tr>{''.join(rows)}</table>")
-    covered = [s for s in result.regimes if s.branches or s.features]
-    if covered:  # what the cases exercised, 0 where none did (pcpcheck.judge.coverage)
-        names = [(f"branch {b}", "branches", b) for b, _ in covered[0].branches]
-        names += [(f, "features", f) for f, _ in covered[0].features]
-        lines = "".join(
-            f"<tr><th>{html.escape(name)}</th>"
-            + "".join(f"<td>{dict(getattr(s, kind)).get(key, 0)}</td>" for s in covered) + "</tr>"
-            for name, kind, key in names)
+    covered, coverage = coverage_rows(result.regimes)
+    if covered:  # what the cases exercised, 0 where none did, n/a where none could (the report's)
+        lines = "".join(f"<tr><th>{html.escape(name)}</th>"
+                        + "".join(f"<td>{text}</td>" for text in cells) + "</tr>"
+                        for name, cells in coverage)
         head = "".join(f"<th>{html.escape(s.regime)}</th>" for s in covered)
         body.append(f'<h2>Coverage (cases)</h2><table class="grid"><tr><th></th>{head}</tr>'
                     f"{lines}</table>")

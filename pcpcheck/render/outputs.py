@@ -12,6 +12,7 @@ import sys
 from pcpcheck.shared.errors import UsageError
 
 _FILES = ("json", "junit", "summary")
+STDOUT = "-"  # --json -: the JSON to the stream the command set aside (args.json_stream)
 _DIRS = ("html", "repro_dir")
 
 
@@ -23,7 +24,7 @@ def check_outputs(args) -> None:
     """Every output path usable, before the run: UsageError (exit 2) names the first that is not."""
     for name in _FILES + _DIRS:
         path = getattr(args, name, None)
-        if not path:
+        if not path or (name == "json" and path == STDOUT):
             continue
         option = _option(name)
         is_dir = name in _DIRS
@@ -69,7 +70,10 @@ def write_outputs(args, result) -> None:
         from pcpcheck.render.html import write_html
         attempt("html", lambda path: write_html(path, result),
                 lambda paths: f"{len(paths)} page(s), start at {paths[0]}")
-    if getattr(args, "json", None):
+    if getattr(args, "json", None) == STDOUT:
+        args.json_stream.write(result.to_json() + "\n")
+        args.json_stream.flush()
+    elif getattr(args, "json", None):
         attempt("json", lambda path: _write_text(path, result.to_json()), lambda path: path)
     if getattr(args, "junit", None):
         from pcpcheck.render.junit import junit_xml

@@ -29,9 +29,10 @@ class LinePrinter(Progress):
 
     def started(self, target, options) -> None:
         self._timeout = options.timeout
-        if getattr(target, "release", None):  # a vLLM release: its files, model, stand-ins
-            header = report.release_header(release_record(target), target.name, target.stand_ins)
-            print("\n".join(header), file=self.stream, flush=True)
+        if getattr(target, "release", None):  # a vLLM release: its provenance follows the verdict
+            print(report.release_title(release_record(target), target.name)
+                  + "\n  (files read, path table, stand-ins and adaptations: after the verdict)",
+                  file=self.stream, flush=True)
             return
         world = (f" ({options.backend}, world sizes {','.join(map(str, options.world_sizes))})"
                  if options.backend != "threads" and options.world_sizes else "")

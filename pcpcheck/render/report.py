@@ -1,14 +1,18 @@
 """The whole report of a CheckResult as the commands print it (`result_text`): the verdict
 table, the coverage table, each shown counterexample (its text, written by the API from the
-judge's words: pcpcheck.judge.explain), the summary lines; a release's header, and the rates
-printed as a regime ends. It renders a result and computes no verdict of its own."""
+judge's words: pcpcheck.judge.explain), the summary lines, then a release's provenance (files,
+path table, stand-ins, adaptations: the verdict first, what it rests on after it); the line
+naming a release as its check starts, and the rates printed as a regime ends. It renders a
+result and computes no verdict of its own."""
 
 from __future__ import annotations
 
+from pcpcheck.api.assemble import SAME_CHECK
+from pcpcheck.judge import coverage
 from pcpcheck.judge.explain import LEGEND
 from pcpcheck.search.scope import parse_scope
 from pcpcheck.shared.protocol import STAGES
-from pcpcheck_spec.names import HAZARD_REGIMES
+from pcpcheck_spec.names import DCP, HAZARD_REGIMES
 from pcpcheck_spec.registry import GATHER_IDS, RELEASE_IDS
 
 
@@ -16,8 +20,23 @@ def folded_line(names: list[str]) -> str | None:
     """One line naming the counterexamples ("ID in regime") folded into a shown one."""
     if not names:
         return None
-    return (f"  folded: {len(names)} more counterexample(s) this case also shows "
-            f"({'; '.join(names)}), most likely the same bug; --json lists each")
+    return (f"  folded: {len(names)} more counterexample(s) whose first violated ID this case "
+            f"violates too ({'; '.join(names)}), most likely the same bug; --json lists each")
+
+
+def folded_name(folded, host) -> str:
+    """A folded counterexample as folded_line names it: "ID in regime", and where the shown case
+    violates its ID under the other name of the same check (REPLICA where D = 1, SHARD where
+    D > 1: SAME_CHECK), which."""
+    name = f"{folded.invariant} in {folded.regime}"
+    check = SAME_CHECK.get(folded.invariant, folded.invariant)
+    if any(v.invariant == folded.invariant for v in host.violations):
+        return name
+    other = next((v.invariant for v in host.violations
+                  if SAME_CHECK.get(v.invariant, v.invariant) == check), None)
+    if other is None:
+        return name
+    return f"{name}, {other}'s check where D {'>' if folded.regime == DCP else '='} 1"
 
 
 def cell(checked: int, violated: int) -> str:
@@ -40,22 +59,62 @@ def verdict_table(results, ids=GATHER_IDS) -> list[str]:
     return lines
 
 
-def coverage_table(results) -> list[str]:
-    """Per regime, the cases whose ranks took each gather branch and the cases that exercised
-    each layout feature (results.RegimeSummary.branches, .features): 0 is what was never
-    exercised."""
+def coverage_rows(results) -> tuple[list, list[tuple[str, list[str]]]]:
+    """The regimes that counted coverage (results.RegimeSummary.branches, .features) and a row
+    per gather branch and layout feature: per regime, its cases that took or exercised it (0:
+    none did), or n/a where the regime's counts leave the feature out (no case of that kind of
+    run can reach it: pcpcheck.judge.coverage.unreachable)."""
     results = [r for r in results if r.branches or r.features]
     if not results:
-        return []
-    rows = [(f"branch {b}", [dict(r.branches).get(b, 0) for r in results])
+        return [], []
+    rows = [(f"branch {b}", [str(dict(r.branches).get(b, 0)) for r in results])
             for b, _ in results[0].branches]
-    rows += [(f, [dict(r.features).get(f, 0) for r in results]) for f, _ in results[0].features]
+    names = list(dict.fromkeys([*coverage.FEATURES, *(f for r in results for f, _ in r.features)]))
+    counts = [dict(r.features) for r in results]
+    rows += [(f, [str(c[f]) if f in c else "n/a" for c in counts]) for f in names]
+    return results, rows
+
+
+def coverage_table(results) -> list[str]:
+    """Per regime, the cases whose ranks took each gather branch and the cases that exercised
+    each layout feature: 0 is what was never exercised, n/a what no case of the run could reach
+    (coverage_rows)."""
+    results, rows = coverage_rows(results)
+    if not results:
+        return []
     head = max(len(name) for name, _ in rows) + 2
     width = max(12, *(len(r.regime) + 2 for r in results))
     lines = ["coverage (cases)".ljust(head) + "".join(r.regime.rjust(width) for r in results)]
-    lines += [name.ljust(head) + "".join(str(n).rjust(width) for n in counts)
-              for name, counts in rows]
+    lines += [name.ljust(head) + "".join(text.rjust(width) for text in cells)
+              for name, cells in rows]
     return lines
+
+
+def verdict_words(result) -> str:
+    """The verdict in words, the same in the text report and the Markdown summary: violations
+    counted as the verdict table's FAIL cells (a regime x invariant) outside the baseline, those
+    in hazard regimes and those the baseline knows; then the counterexamples (one per invariant
+    a regime violated, --json lists each), how many are shown and how many folded into them."""
+    failures = result.failures
+    known = len(result.baseline.known) if result.baseline else 0
+    if failures:
+        words = f"{len(failures)} violation(s) (regime x invariant)"
+        hazards = sum(regime in HAZARD_REGIMES for regime, _ in failures)
+        if hazards:
+            words += f", {hazards} in hazard regimes"
+        if known:
+            words += f", {known} more known from the baseline"
+    elif known:
+        words = f"no violation outside the baseline ({known} known from it)"
+    else:
+        words = "every invariant holds"
+    if result.counterexamples:
+        total = len(result.counterexamples)
+        shown = sum(c.folded_into is None for c in result.counterexamples)
+        words += f"; {total} counterexample(s), {shown} shown"
+        if total > shown:
+            words += f", {total - shown} folded into them"
+    return words
 
 
 def result_text(result) -> str:
@@ -73,18 +132,11 @@ def result_text(result) -> str:
         counterexample = result.counterexamples[index]
         baselined = " (known: in the baseline)" if counterexample.known else ""
         lines += ["", f"Counterexample {number}{baselined}: {counterexample.report}"]
-        folded = folded_line([f"{c.invariant} in {c.regime}"
+        folded = folded_line([folded_name(c, counterexample)
                               for c in result.counterexamples if c.folded_into == index])
         if folded:
             lines.append(folded)
-    new, known = len(result.new_violations), len(result.counterexamples) - len(result.new_violations)
-    summary = (f"{new} violation(s), {len(shown)} shown" if new
-               else "no violation outside the baseline" if known else "every invariant holds")
-    hazards = sum(c.hazard for c in result.new_violations)
-    if hazards:
-        summary += f", {hazards} in hazard regimes"
-    if known:
-        summary += f", {known} known violation(s) from the baseline"
+    summary = verdict_words(result)
     slowest = max(result.regimes, key=lambda s: s.slowest_call)
     timeout = result.options.timeout
     if slowest.slowest_call >= 0.1 * timeout:  # a slow target: where its time goes, what to do
@@ -92,13 +144,6 @@ def result_text(result) -> str:
                   f"{slowest.mean_call:.2f} s per case) of the {timeout:g} s a rank may take per "
                   "case: raise --timeout if a correct call can take longer, lower --max-examples "
                   "to finish sooner"]
-    if result.release is not None:
-        lines += ["", "steps run by the release's own code, per stage of the path table:"]
-        for s in result.regimes:
-            if s.not_applicable is None:
-                counts = dict(s.real_stages)
-                lines.append(f"  {s.regime:<12} {s.cases} steps: " + ", ".join(
-                    f"{stage} {counts[stage]}" for stage in STAGES if stage in counts))
     lines += ["", f"all regimes: {rates(*result.regimes, wall=result.seconds)}: {summary}"]
     if result.options.scope is not None:
         lines.append(exhaustive_line(result, summary))
@@ -108,7 +153,24 @@ def result_text(result) -> str:
     if result.baseline and result.baseline.fixed:
         lines.append(f"no longer found, remove from {result.baseline.path}: " + "; ".join(
             f"{regime} {invariant}" for regime, invariant in result.baseline.fixed))
+    if result.release is not None:  # the verdict first, then where it comes from
+        lines += ["", *release_evidence(result)]
     return "\n".join(lines)
+
+
+def release_evidence(result) -> list[str]:
+    """A release's provenance (release_provenance) and the steps each real stage of its path
+    table ran, per regime."""
+    record = result.release
+    lines = [f"what the verdict above rests on: {result.target_name} ({record.kind} "
+             f"{record.location})", *release_provenance(record, result.stand_ins)]
+    lines.append("  steps run by the release's own code, per stage of the path table:")
+    for s in result.regimes:
+        if s.not_applicable is None:
+            counts = dict(s.real_stages)
+            lines.append(f"    {s.regime:<12} {s.cases} steps: " + ", ".join(
+                f"{stage} {counts[stage]}" for stage in STAGES if stage in counts))
+    return lines
 
 
 def exhaustive_line(result, summary: str) -> str:
@@ -125,12 +187,23 @@ def exhaustive_line(result, summary: str) -> str:
     return f"exhaustive: {ran:,} of {total:,} steps{per_regime} {within} checked: {why}"
 
 
+def release_title(record, name: str) -> str:
+    """The line that names what `pcpcheck vllm` checks (a results.ReleaseRecord)."""
+    return f"pcpcheck: checking {name} ({record.kind} {record.location})"
+
+
 def release_header(record, name: str, stand_ins) -> list[str]:
-    """What `pcpcheck vllm` checked (a results.ReleaseRecord): files, layout model,
-    capabilities, stand-ins, adaptations."""
+    """What `pcpcheck vllm` checked (a results.ReleaseRecord): its title, then its provenance
+    (release_provenance)."""
+    return [release_title(record, name), *release_provenance(record, stand_ins)]
+
+
+def release_provenance(record, stand_ins) -> list[str]:
+    """Where a release's verdict comes from (a results.ReleaseRecord): files, layout model,
+    capabilities, the path table, stand-ins, adaptations. The report prints it after the verdict
+    (result_text), a replay after the title."""
     caps = record.capabilities
-    lines = [f"pcpcheck: checking {name} ({record.kind} {record.location})",
-             f"  files read: {len(record.files)} (the path's below; every sha256 in --json)"]
+    lines = [f"  files read: {len(record.files)} (the path's below; every sha256 in --json)"]
     lines.append(f"  layout model: reference era {record.layout_model} "
                  f"({'0.26-0.29 manager' if record.layout_model == '0.26' else 'section 2, 0.30 on'})")
     lines.append(f"  capabilities: decode sharding {'yes' if caps['manager_shards'] else 'no'}, "
@@ -150,13 +223,13 @@ def release_header(record, name: str, stand_ins) -> list[str]:
 
 
 def rates(*results, wall: float = 0.0) -> str:
-    """Cases, and cases per second end to end and for running and judging alone (the rank
-    runner's hot loop; the rest is drawing and shrinking). `wall`: the seconds the results took
-    together, when they ran at once (--jobs); else the sum of theirs."""
+    """Cases, the seconds they took and the one rate they make, end to end (drawing, shrinking,
+    running and judging: `check_seconds`, running and judging alone, is in the JSON). `wall`:
+    the seconds the results took together, when they ran at once (--jobs); else the sum of
+    theirs."""
     cases = sum(r.cases for r in results)
-    if wall:  # the regimes' own run+judge times overlapped: only the end-to-end rate is meaningful
+    if wall:  # the regimes' own times overlapped: the wall clock is the end-to-end time
         return f"{cases:>6} cases in {wall:5.1f} s wall, worker start included: {cases / wall:5.0f} cases/s"
     seconds = sum(r.seconds for r in results)
-    checking = sum(r.check_seconds for r in results)
-    return (f"{cases:>6} cases in {seconds:5.1f} s: {cases / seconds if seconds else 0:5.0f} cases/s, "
-            f"{cases / checking if checking else 0:5.0f} cases/s run+judge")
+    return (f"{cases:>6} cases in {seconds:5.1f} s: "
+            f"{cases / seconds if seconds else 0:5.0f} cases/s end to end")

@@ -1,7 +1,8 @@
 """Standalone pytest reproducers: one file per violation, replaying the exact minimal case.
 
-The target is named as given (a path relative to the working directory stays relative), and
-PCPCHECK_TARGET overrides it, so one file can be pointed at a fixed version."""
+A target that is a file or a directory is named relative to the reproducer's own directory, so
+the reproducer runs from any working directory; PCPCHECK_TARGET overrides it, so one file can be
+pointed at a fixed version."""
 
 from __future__ import annotations
 
@@ -18,17 +19,17 @@ _TEMPLATE = '''"""pcpcheck reproducer: {invariant} violated in regime {regime}.
 
 Replays the shrunk case against the target and fails while the bug is there:
     python -m pytest {filename}
-from the directory pcpcheck ran in (a relative TARGET is taken from there), or against another
-version of the gather:
+from any directory (a target path is taken relative to this file), or against another version of
+the gather:
     {variable}=path/to/fixed/pcp.py python -m pytest {filename}
-Needs only pcpcheck installed.
+Needs pcpcheck and pytest installed (pip install pytest: pcpcheck does not bring it).
 """
 
 import os
 
 from pcpcheck.api import replay
 
-TARGET = os.environ.get({variable!r}) or {target!r}
+TARGET = os.environ.get({variable!r}) or {target}
 FUNCTION = {function!r}
 CASE = {case!r}
 
@@ -39,12 +40,16 @@ def test_{test_name}():
 '''
 
 
-def reproducer_target(source: str) -> str:
-    """A file target relative to the working directory (when below it), else as given."""
+def reproducer_target(source: str, directory: str) -> str:
+    """The target as a Python expression in a reproducer written into `directory`: a path
+    relative to the reproducer's own file, else (impl, module:function, a version) as given."""
     if not os.path.exists(source):
-        return source  # impl, module:function
-    relative = os.path.relpath(os.path.abspath(source))
-    return os.path.abspath(source) if relative.startswith(os.pardir) else relative
+        return repr(source)
+    try:
+        relative = os.path.relpath(os.path.abspath(source), os.path.abspath(directory))
+    except ValueError:  # another drive (Windows): no relative path
+        return repr(os.path.abspath(source))
+    return f"os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), {relative!r}))"
 
 
 def write_reproducer(directory: str, source: str, regime: str, invariant: str, case_json: str,
@@ -56,7 +61,7 @@ def write_reproducer(directory: str, source: str, regime: str, invariant: str, c
     filename = f"test_repro_{stem}_{test_name}.py"
     text = _TEMPLATE.format(invariant=invariant, regime=regime, filename=filename,
                             summary=f"Case: {describe(Case.from_json(case_json))}",
-                            target=reproducer_target(source), function=function,
+                            target=reproducer_target(source, directory), function=function,
                             variable=TARGET_VARIABLE, case=case_json, test_name=test_name)
     path = os.path.join(directory, filename)
     with open(path, "w") as handle:
@@ -79,14 +84,15 @@ bug is there:
     python -m pytest {filename}
 or against another release (a version, a wheel or a checkout):
     {variable}=0.33.0 python -m pytest {filename}
-Needs only pcpcheck installed (the release's wheel is fetched into pcpcheck's cache).
+from any directory (a checkout or wheel path is taken relative to this file). Needs pcpcheck and
+pytest installed (pip install pytest); the release's wheel is fetched into pcpcheck's cache.
 """
 
 import os
 
 from pcpcheck.api import replay_release
 
-SOURCE = os.environ.get({variable!r}) or {source!r}
+SOURCE = os.environ.get({variable!r}) or {source}
 CASE = {case!r}
 
 
@@ -106,7 +112,7 @@ def write_release_reproducer(directory: str, source: str, release: str, step: in
     filename = f"test_repro_vllm_{stem}_{test_name}.py"
     text = _RELEASE_TEMPLATE.format(invariant=invariant, release=release, filename=filename,
                                     summary=f"Step: {describe(Case.from_json(case_json))}",
-                                    variable=TARGET_VARIABLE, source=reproducer_target(source),
+                                    variable=TARGET_VARIABLE, source=reproducer_target(source, directory),
                                     case=case_json, test_name=test_name)
     path = os.path.join(directory, filename)
     with open(path, "w") as handle:

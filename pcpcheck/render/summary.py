@@ -6,7 +6,7 @@ short, and the first line of each shown counterexample."""
 
 from __future__ import annotations
 
-from pcpcheck.render.report import cell, exhaustive_line
+from pcpcheck.render.report import cell, exhaustive_line, verdict_words
 from pcpcheck.shared.results import unreached
 from pcpcheck_spec.names import HAZARD_REGIMES
 from pcpcheck_spec.registry import GATHER_IDS, RELEASE_IDS
@@ -23,10 +23,7 @@ def summary_markdown(result) -> str:
     record = result.release
     checked = (f"vLLM {record.release} ({record.kind} {record.location})" if record is not None
                else result.target_name)
-    failures = len(result.failures)
-    verdict = (f"{failures} new violation(s)" if failures
-               else "every invariant holds" if not result.counterexamples
-               else "no violation outside the baseline")
+    verdict = verdict_words(result)  # the text report's words
     lines = [f"### pcpcheck {result.version}: {_escape(checked)}: {verdict}", ""]
     regimes = [s.regime + (" (hazard)" if s.regime in HAZARD_REGIMES else "")
                for s in result.regimes]

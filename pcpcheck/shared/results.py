@@ -74,7 +74,8 @@ class RegimeSummary:
     slowest_call: float = 0.0  # seconds of the slowest rank's call of any case
     mean_call: float = 0.0  # the slowest rank's call per case, on average
     # What the cases exercised (pcpcheck.judge.coverage), every branch and feature, 0 where none
-    # did: (branch letter, cases whose ranks took it), (layout feature, cases exercising it)
+    # did: (branch letter, cases whose ranks took it), (layout feature, cases exercising it); a
+    # feature no case of the run could reach is left out (coverage.unreachable: shown n/a)
     branches: tuple[tuple[str, int], ...] = ()
     features: tuple[tuple[str, int], ...] = ()
     scope_steps: int | None = None  # exhaustive: the steps the scope holds (`cases` of them ran)

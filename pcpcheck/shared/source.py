@@ -33,7 +33,7 @@ MANAGER = "vllm/v1/worker/gpu/pcp_manager.py"
 GATHERS = ("vllm/v1/attention/ops/pcp.py", "vllm/model_executor/layers/attention/pcp.py")
 CACHE_ENV = "PCPCHECK_WHEEL_CACHE"
 _RELEASE = re.compile(r"^(?:vllm==)?(\d+\.\d+\.\d+(?:[.\-+]?\w+)*)$")
-FIRST_PCP_RELEASE = (0, 26, 0)  # the first release with a PCPManager (pcp-semantics section 9)
+FIRST_PCP_RELEASE = (0, 26, 0)  # the first release with a PCPManager (docs/semantics.md section 9)
 _VERSION_LINE = re.compile(r"""(?:__version__|version)\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""")
 
 
@@ -194,5 +194,7 @@ def resolve(source: str) -> Source:
             raise SourceError(f"vLLM {version} has no PCP path to check: {MANAGER} first ships "
                               f"in {first}")  # known before fetching ~340 MB
         return _open_wheel(fetch_release(version))
+    if text.endswith(".whl") or os.sep in text or (os.altsep and os.altsep in text):
+        raise SourceError(f"{text}: no such file or directory")  # a path, not a version
     raise SourceError(f"{text!r}: not a release (0.33.0, vllm==0.33.0), a wheel, a checkout "
                       "or 'installed'")

@@ -1,4 +1,4 @@
-"""Zoo: a correct `_gather_prefill_cache_inputs`, written from pcp-semantics section 5.
+"""Zoo: a correct `_gather_prefill_cache_inputs`, written from docs/semantics.md section 5.
 
 Branches, in order (S = len(slot_mapping), L = rows of every tensor, nd = num_decode_tokens,
 P = PCP world size):

@@ -12,7 +12,7 @@ from vllm.distributed.parallel_state import get_pcp_group
 
 
 def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
-    """The gather of correct.py (branches A-E of pcp-semantics section 5): the default function,
+    """The gather of correct.py (branches A-E of docs/semantics.md section 5): the default function,
     which every trigger calls first; its outputs are fresh tensors the trigger may change."""
     pcp_group = get_pcp_group()
     world = pcp_group.world_size

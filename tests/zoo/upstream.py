@@ -1,6 +1,6 @@
 """Zoo: upstream vLLM's behaviour: correct except branch A keeps only [:nd] (bug class 10).
 
-Bug class 10 (pcp-semantics section 7): a replicated unexpanded (draft) batch that the attention
+Bug class 10 (docs/semantics.md section 7): a replicated unexpanded (draft) batch that the attention
 kernel classifies as mixed (nd below the real row count) goes through the early return of branch
 A, which keeps only `T[:nd]`, `s[:nd]`: the KV of real rows nd..S-1 is never written on any rank.
 This file is the zoo's class-10 file (a separate bug10_draft_prefix.py would be the same code).

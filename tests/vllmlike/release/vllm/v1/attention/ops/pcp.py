@@ -1,6 +1,6 @@
 """vllmlike fixture: a release's gather file (pcpcheck's own code, vLLM-style, not vLLM's).
 
-The gather is the zoo's correct one (pcp-semantics section 5); the MLA and indexer wrappers take
+The gather is the zoo's correct one (docs/semantics.md section 5); the MLA and indexer wrappers take
 the shard flag as `pcp_shard_decode_requests`, as vLLM 0.32-0.33 name it. The MLA wrapper
 flattens k_pe with an explicit width, so zero local rows work (bug class 9 is its absence).
 """

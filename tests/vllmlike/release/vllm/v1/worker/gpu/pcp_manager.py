@@ -1,5 +1,5 @@
 """vllmlike fixture: a release's PCP layout manager (pcpcheck's own code, written from
-pcp-semantics section 2 in vLLM's interface; not vLLM's code).
+docs/semantics.md section 2 in vLLM's interface; not vLLM's code).
 
 `_build_batch_layout` deals each rank its rows (split prefills head/tail, replicated requests on
 every rank or, sharding, round robin), orders them (`_order`: decodes first), pads every rank to
