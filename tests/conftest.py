@@ -104,13 +104,14 @@ def spawn_gloo():
     return spawn
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
-    """vLLM 0.33.0's wheel, fetched at test time (pip's cache makes a repeat fast)."""
+@pytest.fixture(scope="session")
+def wheel():
+    """vLLM 0.33.0's wheel, fetched at test time into pcpcheck's wheel cache, once (a copy per
+    module, through pip's own cache, cost each module seconds of CPU)."""
     from pcpcheck.shared.errors import SourceError
     from pcpcheck.shared.source import fetch_release
 
     try:
-        return fetch_release("0.33.0", tmp_path_factory.mktemp("wheel"))
+        return fetch_release("0.33.0")
     except SourceError as exc:
         pytest.fail(f"cannot fetch vllm==0.33.0 from the package registry: {exc}", pytrace=False)

@@ -228,3 +228,34 @@ def test_every_integration_installs_the_kernels_extra_a_cpu_torch_and_pcpchecks_
     hook_config = yaml.safe_load(ci_doc_block("## pre-commit"))
     assert [repo["repo"] for repo in hook_config["repos"]] == [HOME]
     assert "YOUR_" not in (ROOT / "README.md").read_text() + (ROOT / "docs" / "ci.md").read_text()
+
+
+SHARDS_HEADING = "## A scope no single job could: `--shard K/N` and `pcpcheck merge`"
+
+
+def test_the_sharded_buildkite_jobs_of_docs_ci_run_and_merge(action, tmp_path):
+    """docs/ci.md's `parallelism: 3` step, each job's command as its shell expands it (a small
+    scope), then the merge step's: one verdict over the three parts."""
+    venv, _ = action
+    text = (ROOT / "docs" / "ci.md").read_text().split(f"\n{SHARDS_HEADING}\n", 1)[1]
+    github, buildkite = (yaml.safe_load(block.split("```", 1)[0])
+                         for block in text.split("```yaml\n")[1:3])
+    matrix = github["jobs"]["pcpcheck"]["strategy"]["matrix"]["shard"]
+    assert matrix == ["1/3", "2/3", "3/3"]
+    assert github["jobs"]["pcpcheck"]["steps"][1]["with"]["shard"] == "${{ matrix.shard }}"
+    jobs, _, merging = buildkite
+    checkout = vllm_checkout(tmp_path / "vllm")
+    (command,) = [c for c in jobs["commands"] if c.startswith("pcpcheck ")]
+    for job in range(jobs["parallelism"]):
+        done = subprocess.run(["bash", "-c", command.replace("$$", "$") + " --regime replicated "
+                               "--scope ranks=2,requests=1,tokens=3"], cwd=checkout,
+                              capture_output=True, text=True, timeout=600,
+                              env=venv_env(venv, BUILDKITE_PARALLEL_JOB=str(job),
+                                           BUILDKITE_PARALLEL_JOB_COUNT=str(jobs["parallelism"])))
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    (merge,) = [c for c in merging["commands"] if c.startswith("pcpcheck ")]
+    done = subprocess.run(["bash", "-c", merge], cwd=checkout, capture_output=True, text=True,
+                          timeout=600, env=venv_env(venv))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "pcpcheck merge: 3 of 3 shard(s)" in done.stdout and (checkout / "pcpcheck.xml").is_file()
+    assert re.search(r"^exhaustive: [\d,]+ steps .*: every invariant holds$", done.stdout, re.M)

@@ -223,12 +223,8 @@ def test_draft_mixed_is_opt_in_for_releases(tmp_path):
         RELEASE_TREE, regimes=(DRAFT_MIXED,), max_examples=3, max_ranks=2).regimes]
 
 
-def test_release_0_33_0_wheel_holds_end_to_end(tmp_path):
-    """The real release, fetched at test time into pip's cache (a repeat is fast)."""
-    try:
-        wheel = fetch_release("0.33.0", tmp_path)
-    except SourceError as exc:
-        pytest.fail(f"cannot fetch vllm==0.33.0 from the package registry: {exc}", pytrace=False)
+def test_release_0_33_0_wheel_holds_end_to_end(wheel):
+    """The real release, fetched at test time into pcpcheck's wheel cache."""
     result = run(wheel, (SHARDED, REPLICATED, DCP, DRAFT), examples=40)
     assert result.release.capabilities["manager_shards"]
     assert result.release.capabilities["wrapper_shard_keyword"]

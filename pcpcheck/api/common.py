@@ -13,6 +13,7 @@ from pcpcheck.api import assemble
 from pcpcheck.backends import BACKENDS, make_backend
 from pcpcheck.judge.baseline import Baseline
 from pcpcheck.search import scope as scopes
+from pcpcheck.search import shard as shards
 from pcpcheck.search.draw import parse_case
 from pcpcheck.search.engine import RegimeResult, count_coverage
 from pcpcheck.search.jobs import budget_share
@@ -75,6 +76,16 @@ def validate(options: Options) -> None:
     if options.world_sizes and not all(MIN_RANKS <= p <= MAX_RANKS for p in options.world_sizes):
         raise UsageError(f"every world size must be between {MIN_RANKS} and {MAX_RANKS}: "
                          f"{list(options.world_sizes)}")
+
+
+def read_shard(shard) -> shards.Shard | None:
+    """--shard's value ('K/N' or (K, N)) checked: UsageError unless 1 <= K <= N."""
+    if shard is None:
+        return None
+    try:
+        return shards.parse_shard(shard if isinstance(shard, str) else "/".join(map(str, shard)))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def exhaustive_scope(exhaustive: bool, scope, backend: str = DEFAULT_BACKEND, world_sizes=None):

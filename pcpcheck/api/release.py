@@ -15,6 +15,7 @@ from pcpcheck.api.common import (
     one_after_another,
     one_case,
     read_case,
+    read_shard,
     validate,
 )
 from pcpcheck.judge.baseline import Baseline, load_baseline
@@ -30,14 +31,15 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
                   timeout: float = DEFAULT_TIMEOUT, empty_steps: bool = False,
                   baseline: str | os.PathLike | None = None,
                   progress: Progress | None = None, exhaustive: bool = False,
-                  scope=None) -> CheckResult:
+                  scope=None, shard=None) -> CheckResult:
     """Check a vLLM release's own PCP path (`pcpcheck vllm SOURCE`): its PCPManager's layout
     (LAYOUT) and its gather and wrappers on every rank, per regime it can reach.
 
     source: a release ('0.33.0', 'vllm==0.33.0'; fetched with pip into the wheel cache), a wheel,
     a checkout, or 'installed'. The release is read and fetched here, but loaded and run only in
     the backend's worker process. baseline: known violations, as for `check`; exhaustive,
-    scope: as `check`'s (each step in the release's batch order, each distinct one once).
+    scope: as `check`'s (each step in the release's batch order, each distinct one once);
+    shard: as `check`'s.
     Raises UsageError, SourceError, InterfaceDrift (LoadError's), WorkerError.
     """
     from pcpcheck.judge.explain import release_counterexample as counterexample
@@ -49,7 +51,8 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
     options = Options(regimes=tuple(dict.fromkeys(regimes)), max_examples=max_examples,
                       max_ranks=max_ranks, seed=seed, budget_s=budget_s, timeout=timeout,
                       baseline=None if baseline is None else os.fspath(baseline),
-                      empty_steps=empty_steps, scope=exhaustive_scope(exhaustive, scope))
+                      empty_steps=empty_steps, scope=exhaustive_scope(exhaustive, scope),
+                      shard=read_shard(shard))
     validate(options)
     known = load_baseline(options.baseline) if options.baseline else Baseline(options.baseline, ())
     bounds = None if options.scope is None else scopes.parse_scope(options.scope)
@@ -62,7 +65,7 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
             options, progress, lambda regime, share, on_case, on_wait: search_regime(
                 release, regime, backend, max_examples=max_examples, max_ranks=max_ranks,
                 seed=seed, empty_steps=empty_steps, deadline=share, on_case=on_case,
-                on_wait=on_wait, scope=bounds))
+                on_wait=on_wait, scope=bounds, shard=options.shard))
     return assemble.result(spec["location"], release, options, results, known,
                            describe=lambda regime, observation, replays: (
                                replay_command(release, observation),

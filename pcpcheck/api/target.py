@@ -17,6 +17,7 @@ from pcpcheck.api.common import (
     one_after_another,
     one_case,
     read_case,
+    read_shard,
     resolve_target,
     validate,
 )
@@ -57,7 +58,8 @@ def check(target, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_MAX_EX
           backend: str = DEFAULT_BACKEND, baseline: str | os.PathLike | None = None,
           function: str | None = None, timeout: float = DEFAULT_TIMEOUT, world_sizes=None,
           device: str = DEFAULT_DEVICE, progress: Progress | None = None, runner=None,
-          jobs: int | None = None, exhaustive: bool = False, scope=None) -> CheckResult:
+          jobs: int | None = None, exhaustive: bool = False, scope=None,
+          shard=None) -> CheckResult:
     """Check a gather implementation against the spec in each regime.
 
     target: a callable (importable as module:function), a .py path, 'module:function' or 'impl'.
@@ -69,6 +71,8 @@ def check(target, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_MAX_EX
     exhaustive: instead of drawing max_examples cases, check every step within `scope` (a
     pcpcheck.search.scope.Scope or its `KEY=VALUE,...` text; default scope.DEFAULT_SCOPE), smallest
     first (pcpcheck.search.exhaustive); the result's regimes say how many steps the scope holds.
+    shard: (K, N) or 'K/N', part K of the run split N ways (pcpcheck.search.shard), for
+    `merge` to join.
     Raises UsageError, LoadError, WorkerError (rank processes failed to start), CheckerError.
     """
     if isinstance(regimes, str):
@@ -78,7 +82,8 @@ def check(target, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_MAX_EX
                       world_sizes=tuple(world_sizes) if world_sizes else None, device=device,
                       timeout=timeout, function=function,
                       baseline=None if baseline is None else os.fspath(baseline),
-                      scope=exhaustive_scope(exhaustive, scope, backend, world_sizes))
+                      scope=exhaustive_scope(exhaustive, scope, backend, world_sizes),
+                      shard=read_shard(shard))
     validate(options)
     known = load_baseline(options.baseline) if options.baseline else Baseline(options.baseline, ())
     source = resolve_target(target)
@@ -124,11 +129,11 @@ def _search_regime(target, runner, options: Options, regime: str, deadline, on_c
         return RegimeResult(regime=regime, not_applicable=NO_SHARD_FLAG)
     if options.scope is not None:
         return exhaust(target, regime, runner, scopes.parse_scope(options.scope),
-                       deadline=deadline, on_case=on_case, on_wait=on_wait)
+                       deadline=deadline, on_case=on_case, on_wait=on_wait, shard=options.shard)
     return search(target, regime, runner, max_examples=options.max_examples,
                   max_ranks=options.max_ranks, derandomize=options.seed is None, seed=options.seed,
                   pcp_sizes=options.world_sizes, deadline=deadline, on_case=on_case,
-                  on_wait=on_wait)
+                  on_wait=on_wait, shard=options.shard)
 
 
 def _search_in_drivers(source: str, options: Options, jobs: int, progress: Progress):

@@ -29,6 +29,8 @@ def run(args, runner=None) -> int:
 
 
 def _run(args, runner) -> int:
+    if args.command == "merge":
+        return run_merge(args)
     if args.command == "diff":
         return run_diff(args)
     if args.command == "vllm":
@@ -44,6 +46,7 @@ def run_check(args, runner=None) -> int:
     if args.replay:
         return _replay(args, runner)
     result = api.check(args.target, regimes=args.regimes, max_examples=args.max_examples,
+                       shard=args.shard,
                        max_ranks=args.max_ranks, seed=args.seed, budget_s=args.budget,
                        backend=args.backend, baseline=args.baseline, function=args.function,
                        timeout=args.timeout, world_sizes=args.world_sizes, device=args.device,
@@ -102,7 +105,7 @@ def run_vllm(args) -> int:
                                max_ranks=args.max_ranks, seed=args.seed, budget_s=args.budget,
                                timeout=args.timeout, empty_steps=args.empty_steps,
                                baseline=args.baseline, progress=LinePrinter(),
-                               exhaustive=args.exhaustive, scope=args.scope)
+                               exhaustive=args.exhaustive, scope=args.scope, shard=args.shard)
     print(report.result_text(result))
     print(f"\n{result.target_name}: " + ", ".join(
         f"{regime} {text.split(':')[0]}" for regime, text in result.verdicts().items()))
@@ -130,5 +133,15 @@ def run_diff(args) -> int:
                       timeout=args.timeout, on_regime=show)
     differences = sum(r.case is not None for r in result.regimes)
     print(f"\n{differences} regime(s) with a difference" if differences else "\nno difference found")
+    write_outputs(args, result)
+    return result.exit_code
+
+
+def run_merge(args) -> int:
+    """`pcpcheck merge PART.json ...`: the parts of a run split by --shard, one verdict."""
+    check_outputs(args)
+    result = api.merge(args.parts)
+    print(f"pcpcheck merge: {len(args.parts)} of {result.shards} shard(s) of {result.target_name}")
+    print(report.result_text(result))
     write_outputs(args, result)
     return result.exit_code

@@ -24,7 +24,7 @@ from pcpcheck_spec.names import DEFAULT_REGIMES, HAZARD_REGIMES, REGIMES
 
 DESCRIPTION = ("pcpcheck: holds an implementation of vLLM's context-parallel KV-cache gather "
                "to the spec")
-COMMANDS = ("check", "diff", "vllm")
+COMMANDS = ("check", "diff", "vllm", "merge")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -114,6 +114,14 @@ def _add_backend(parser: argparse.ArgumentParser) -> None:
                         help="threads backend: put every tensor and the cache write on this device")
 
 
+def _add_shard(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shard", metavar="K/N",
+                        help="run part K of the run split N ways (a CI's parallel jobs: "
+                             "exhaustive, every N-th step of the scope; random, the cases split "
+                             "N ways, each part with its own seed); `pcpcheck merge` joins the "
+                             "parts' --json files")
+
+
 def _add_exhaustive(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exhaustive", action="store_true",
                         help="check every step within --scope, each once, smallest first (the "
@@ -151,12 +159,22 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--replay", metavar="CASE_JSON",
                        help="judge this one case (as printed in a counterexample's replay line)")
     _add_exhaustive(check)
+    _add_shard(check)
     diff = commands.add_parser("diff", help="compare two versions of the gather on the same cases")
     diff.add_argument("old", metavar="OLD", help="the version the search's outcomes are compared "
                                                  "against: a .py file, module:function or impl")
     diff.add_argument("new", metavar="NEW", help="the changed version, in the same forms")
     _add_common(diff)
     _add_vllm(commands)
+    merge = commands.add_parser("merge", help="join the --json results of a run's --shard parts "
+                                              "into one verdict")
+    merge.add_argument("parts", nargs="+", metavar="PART.json",
+                       help="each part's --json file (pcpcheck check|vllm --shard K/N)")
+    merge.add_argument("--json", metavar="FILE",
+                       help="write the merged result as JSON; - writes it to stdout")
+    merge.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
+    merge.add_argument("--summary", metavar="FILE",
+                       help="write the verdict table as Markdown (a CI job summary)")
     return parser
 
 
@@ -173,6 +191,7 @@ def _add_vllm(commands) -> None:
                            "runner never runs them)")
     vllm.add_argument("--replay", metavar="CASE_JSON", help="judge this one step")
     _add_exhaustive(vllm)
+    _add_shard(vllm)
     vllm.add_argument("--steps", metavar="DIR|FILE",
                       help="replay steps recorded from a live vLLM (docs/record.md) and compare "
                            "them with the release's own computation")
@@ -199,6 +218,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if not argv or argv[0] not in (*COMMANDS, "-h", "--help", "--version"):
         argv = ["check", *argv]
     args = parser().parse_args(argv)
+    if args.command == "merge":
+        return args
     if not args.regime:
         args.regimes = DEFAULT_REGIMES
     elif "all" in args.regime:

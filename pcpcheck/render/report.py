@@ -108,6 +108,9 @@ def verdict_words(result) -> str:
         words = f"no violation outside the baseline ({known} known from it)"
     else:
         words = "every invariant holds"
+    if result.incomplete:  # a merge lacking parts: what the parts present say, and no more
+        missing = ", ".join(f"{k}/{result.shards}" for k in result.missing_shards)
+        words = f"incomplete: shard {missing} missing (in the shards merged: {words})"
     if result.counterexamples:
         total = len(result.counterexamples)
         shown = sum(c.folded_into is None for c in result.counterexamples)

@@ -38,6 +38,7 @@ from hypothesis.database import ExampleDatabase, choices_to_bytes
 from pcpcheck.judge import coverage
 from pcpcheck.judge.run import run_cases
 from pcpcheck.judge.verdict import Observation
+from pcpcheck.search import shard as shards
 from pcpcheck.search.draw import cases, draw_case
 from pcpcheck.search.minimize import Replays, reduced, replay_counterexample, scan
 from pcpcheck.search.reduce import size
@@ -126,7 +127,7 @@ SHRINK_SEED = 0  # the shrinker's randomness: fixed, so a run is reproducible
 def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = DEFAULT_MAX_RANKS,
            derandomize: bool = True, seed: int | None = None, pcp_sizes=None,
            deadline: float | None = None, on_case=None, transform=None, run_many=run_cases,
-           reduce: bool = True, on_wait=None) -> RegimeResult:
+           reduce: bool = True, on_wait=None, shard: shards.Shard | None = None) -> RegimeResult:
     """Check `target` on up to max_examples drawn cases of one regime, shrinking violations.
 
     Generate, then shrink: cases are drawn by draw.draw_case (seeded: 0 when derandomize,
@@ -146,8 +147,10 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = D
     `transform(case)` maps each drawn case (None: drop it) and `run_many(cases, target, runner)`
     yields their observations (`pcpcheck vllm` reorders steps as a release would and runs them
     through rank_step); reduce=False skips the greedy reductions (their cases are not in a
-    release's order).
+    release's order). `shard` (K, N): part K of max_examples split N ways, drawn from a seed of
+    its own (pcpcheck.search.shard).
     """
+    max_examples = shards.share(max_examples, shard)
     run = Search(target=target, regime=regime, runner=runner, max_examples=max_examples,
                  max_ranks=max_ranks, pcp_sizes=tuple(pcp_sizes) if pcp_sizes else None,
                  deadline=deadline, on_case=on_case, transform=transform, run_many=run_many,
@@ -155,7 +158,7 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = D
     result = run.result
     started = time.perf_counter()
     with run.watching(runner):
-        found = run.generate(random.Random(0 if derandomize else seed))
+        found = run.generate(random.Random(shards.part_seed(0 if derandomize or seed is None else seed, shard)))
         if found is None:
             result.budget_reached = True
         elif found:

@@ -14,6 +14,7 @@ import time
 
 from pcpcheck.judge.run import run_cases
 from pcpcheck.search import scope as scopes
+from pcpcheck.search import shard as shards
 from pcpcheck.search.engine import RegimeResult, Search, priority, uncited
 
 NOTE = ("none needed: exhaustive search, the first violating step in order of size (P, requests, "
@@ -40,19 +41,22 @@ def _steps(scope: scopes.Scope, regime: str, transform):
 
 
 def exhaust(target, regime: str, runner, scope: scopes.Scope, *, deadline: float | None = None,
-            on_case=None, on_wait=None, run_many=run_cases, transform=None) -> RegimeResult:
+            on_case=None, on_wait=None, run_many=run_cases, transform=None,
+            shard: shards.Shard | None = None) -> RegimeResult:
     """Check `target` on every step of `regime` within `scope` (engine.search's arguments, less
     the drawing ones; a `transform` that reorders requests keeps each step's size). The result's
     `scope_steps` is how many steps the scope holds, its `cases` how many ran: fewer when a
     violation or the deadline stopped it. The steps run are always a prefix of the order, so
-    the first step met violating an invariant is the smallest that does."""
+    the first step met violating an invariant is the smallest that does. `shard` (K, N): the
+    part's steps alone, every N-th from the K-th (pcpcheck.search.shard), and scope_steps the
+    part's count."""
     run = Search(target=target, regime=regime, runner=runner, max_examples=0,
                  max_ranks=max(scope.pcp_sizes), pcp_sizes=tuple(scope.pcp_sizes),
                  deadline=deadline, on_case=on_case, transform=None, run_many=run_many,
                  on_wait=on_wait)
     result = run.result
-    result.scope_steps = (scopes.count(scope, regime) if transform is None
-                          else sum(1 for _ in _steps(scope, regime, transform)))
+    result.scope_steps = shards.share(scopes.count(scope, regime) if transform is None
+                                      else sum(1 for _ in _steps(scope, regime, transform)), shard)
     started = time.perf_counter()
     stop_after: list = []  # the size level of the first violation, once met
     smallest: dict = {}  # first invariant -> the first step (in order of size) reported under it
@@ -60,7 +64,7 @@ def exhaust(target, regime: str, runner, scope: scopes.Scope, *, deadline: float
     out_of_time = False
 
     def stream():
-        for case in _steps(scope, regime, transform):
+        for case in shards.take(_steps(scope, regime, transform), shard):
             if out_of_time or (stop_after and _level(case) != stop_after[0]):
                 return
             yield case

@@ -24,22 +24,23 @@ from pcpcheck_spec.names import DCP, DRAFT, DRAFT_REGIMES, Batch
 
 def search_regime(release: ReleaseInfo, regime: str, backend, *, max_examples: int,
                   max_ranks: int, seed: int | None, empty_steps: bool, deadline=None,
-                  on_case=None, on_wait=None, scope=None) -> RegimeResult:
+                  on_case=None, on_wait=None, scope=None, shard=None) -> RegimeResult:
     """One regime of a release: not applicable (the reason from its code), or searched (every
-    step of `scope`, a pcpcheck.search.scope.Scope, in the release's order when one is given)."""
+    step of `scope`, a pcpcheck.search.scope.Scope, in the release's order when one is given;
+    `shard`: part K of N, pcpcheck.search.shard)."""
     reason = capabilities(release).not_applicable.get(regime)
     if reason:
         return RegimeResult(regime=regime, not_applicable=reason)
     if scope is not None:
         return exhaust(release, regime, backend, scope, deadline=deadline, on_case=on_case,
-                       on_wait=on_wait, run_many=run_release_cases,
+                       on_wait=on_wait, run_many=run_release_cases, shard=shard,
                        transform=functools.partial(era_case, caps=capabilities(release),
                                                    empty_steps=empty_steps))
     return search(release, regime, backend, max_examples=max_examples, max_ranks=max_ranks,
                   derandomize=seed is None, seed=seed, deadline=deadline, on_case=on_case,
                   transform=functools.partial(era_case, caps=capabilities(release),
                                               empty_steps=empty_steps),
-                  run_many=run_release_cases, reduce=False, on_wait=on_wait)
+                  run_many=run_release_cases, reduce=False, on_wait=on_wait, shard=shard)
 
 
 def release_order(batch: Batch) -> Batch:

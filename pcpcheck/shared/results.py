@@ -53,6 +53,7 @@ class Options:
     baseline: str | None = None
     empty_steps: bool = False  # pcpcheck vllm: also steps with no scheduled token (a hazard)
     scope: str | None = None  # exhaustive: every step within this scope (--scope's KEY=VALUE,...)
+    shard: tuple[int, int] | None = None  # (K, N): part K of the run split N ways (--shard K/N)
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,13 @@ class CheckResult:
     schema: int = SCHEMA_VERSION
     release: ReleaseRecord | None = None  # `pcpcheck vllm`: the release checked
     seconds: float = 0.0  # wall clock of the whole search (regimes may run at once: --jobs)
+    shards: int = 0  # a merge of the results of a run split this many ways (--shard K/N)
+    missing_shards: tuple[int, ...] = ()  # the parts K a merge lacks: no verdict over the run
+
+    @property
+    def incomplete(self) -> bool:
+        """A merge some parts of the run are missing from (a violation still fails it)."""
+        return bool(self.missing_shards)
 
     def _known(self) -> set[tuple[str, str]]:
         return set(self.baseline.known) if self.baseline else set()
@@ -210,7 +218,9 @@ class CheckResult:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_HOLDS if self.holds else EXIT_VIOLATION
+        if not self.holds:
+            return EXIT_VIOLATION
+        return EXIT_USAGE if self.incomplete else EXIT_HOLDS
 
     def summary(self, regime: str) -> RegimeSummary:
         return next(s for s in self.regimes if s.regime == regime)
@@ -233,7 +243,7 @@ class CheckResult:
 
     @property
     def verdict(self) -> str:
-        return "holds" if self.holds else "violated"
+        return "violated" if not self.holds else "incomplete" if self.incomplete else "holds"
 
     def verdicts(self) -> dict[str, str]:
         """regime -> 'holds' | 'n/a: reason' | 'not evaluated: reason' | 'VIOLATED: ID, ID'
@@ -274,6 +284,8 @@ class CheckResult:
                 "path": self.baseline.path, "known": [list(e) for e in self.baseline.known],
                 "fixed": [list(e) for e in self.baseline.fixed]},
             "reproducers": list(self.reproducers), "seconds": self.seconds,
+            "merge": None if not self.shards else {"shards": self.shards,
+                                                   "missing": list(self.missing_shards)},
             "release": None if self.release is None else {
                 **asdict(self.release), "files": dict(self.release.files),
                 "adapted": list(self.release.adapted)},
@@ -291,7 +303,9 @@ class CheckResult:
             version=data["version"], target=data["target"], target_name=data["target_name"],
             stand_ins=tuple(data["stand_ins"]),
             options=Options(**{**options, "regimes": tuple(options["regimes"]),
-                               "world_sizes": None if sizes is None else tuple(sizes)}),
+                               "world_sizes": None if sizes is None else tuple(sizes),
+                               "shard": None if options.get("shard") is None
+                               else tuple(options["shard"])}),
             regimes=tuple(RegimeSummary(
                 regime=regime, cases=r["cases"], seconds=r["seconds"],
                 check_seconds=r["check_seconds"],
@@ -318,6 +332,8 @@ class CheckResult:
                 tuple(map(tuple, baseline["fixed"]))),
             reproducers=tuple(data["reproducers"]), schema=data["schema"],
             seconds=data.get("seconds", 0.0),
+            shards=(data.get("merge") or {}).get("shards", 0),
+            missing_shards=tuple((data.get("merge") or {}).get("missing", ())),
             release=None if data.get("release") is None else ReleaseRecord(**{
                 **data["release"], "files": tuple(data["release"]["files"].items()),
                 "adapted": tuple(data["release"]["adapted"]),
