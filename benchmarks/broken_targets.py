@@ -5,8 +5,8 @@ code, --before) and after (this tree), side by side, alternating, one run each.
     git worktree add /tmp/landed <landed commit>
     python benchmarks/broken_targets.py --before /tmp/landed [--timeout 10] [--max-examples 5]
 
-A run still going after --limit seconds is stopped and shown as "> LIMIT s". The bound printed
-is issue 19's target: 2 x --timeout per regime, plus the workers' start.
+A run still going after --limit seconds is stopped and shown as "> LIMIT s". The bound printed:
+2 x --timeout per regime, plus the workers' start.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ROOT / "tests" / "broken" / "targets.py"
 CASES = (("every call hangs", "hangs"), ("only P = 8 hangs", "hangs_at_p8"),
          ("every call segfaults", "segfaults"), ("deep recursion", "recurses"),
-         ("os._exit(3) in the call", "exits_3"), ("a correct target", "correct"))
+         ("os._exit(3) in the call", "exits_3"), ("a correct target", "correct"),
+         ("slow, crashes on some steps", "slow_and_crashing"),
+         ("slow, wrong on some steps", "slow_and_wrong"))
 REGIMES = 4  # the default regimes
 
 

@@ -2,7 +2,8 @@
 dies is evidence at once, its smaller cases are tried in order of size each beside its replay,
 so a target that hangs (or crashes) on every call costs two cases a regime; the smallest
 hanging step is found where a target hangs only from some size on; a hang that does not come
-back is flaky; a slow but correct target holds, and the report gives its time per call. Speed
+back is flaky; a slow but correct target holds, and the report gives its time per call; a slow
+wrong one gets its verdict without seconds-long shrinking. Speed
 is what benchmarks/broken_targets.py prints: here the verdicts and the cases run."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pcpcheck.faces.cli import main
-from pcpcheck_spec.names import COLLECTIVE, DRAFT, REPLICATED, RETURNS, SHARDED
+from pcpcheck_spec.names import COLLECTIVE, DRAFT, REPLICA, REPLICATED, RETURNS, SHARDED
 
 TARGETS = Path(__file__).resolve().parent / "broken" / "targets.py"
 
@@ -87,3 +88,18 @@ def test_a_slow_correct_target_holds_and_the_report_gives_its_time_per_call(tmp_
     printed = capsys.readouterr().out
     assert "(calls: slowest " in printed and "of a 2 s timeout)" in printed
     assert "calls: the slowest took " in printed and "raise --timeout" in printed
+
+
+def test_a_slow_target_gets_its_verdict_without_seconds_long_shrinking(tmp_path):
+    """Each attempt costs seconds (1.5 s a call, P = 2): once the regime has a violation and
+    2 x --timeout has passed since it began, the search stops drawing (abandoning the cases in
+    flight), shrinking and replaying, and the counterexample says why
+    (benchmarks/broken_targets.py times it, and a slow target that crashes)."""
+    code, result = _check(tmp_path, "slow_and_wrong", "--regime", REPLICATED, "--max-examples",
+                          "50", "--max-ranks", "2", "--timeout", "2")
+    assert code == 1
+    first = result["counterexamples"][0]
+    assert first["invariant"] == REPLICA
+    assert "the target's calls are slow" in first["note"], first["note"]
+    # two attempts (each 3 s, P = 2 ranks one after the other) pass the 4 s: a few cases at most
+    assert result["regimes"][REPLICATED]["cases"] <= 6, result["regimes"][REPLICATED]

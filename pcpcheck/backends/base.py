@@ -64,6 +64,10 @@ class Backend:
         for prepared in prepareds:
             yield self.run(prepared, target)
 
+    def abandon(self) -> None:
+        """Results the last stream left owed are not waited for (a slow target's cases in flight
+        would each cost seconds): whatever owes them is retired; the next case starts afresh."""
+
     def twin(self) -> Backend | None:
         """Another backend like this one, with workers of its own and this one's targets
         loaded, to run cases beside it (a replay in the same wait as the run); None where
@@ -175,6 +179,13 @@ class BatchedBackend(Backend):
             unsent[head.key] = deque(again + list(unsent.get(head.key, ())))
             if status != "retry":
                 yield results
+
+    def abandon(self) -> None:
+        for key in [key for key, owed in self._owed.items() if owed]:
+            self._retire_channel(key)
+
+    def _retire_channel(self, key) -> None:
+        raise NotImplementedError
 
     def _settle(self) -> None:
         """Results an abandoned stream left owed: drained (a failing channel is retired)."""

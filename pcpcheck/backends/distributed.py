@@ -174,6 +174,11 @@ class DistributedBackend(BatchedBackend):
         self._retire(ranks_pool)  # no process outlives the case that broke it
         return "lost", results
 
+    def _retire_channel(self, key) -> None:
+        if key in self._pools:
+            self._retire(self._pools[key])
+        self._owed.pop(key, None)
+
     def _retire(self, old: Pool) -> None:
         old.close()
         self.retired_pids += old.pids

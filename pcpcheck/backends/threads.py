@@ -128,6 +128,9 @@ class ThreadsBackend(BatchedBackend):
             results.append(protocol.lost_rank(reason, output if rank == culprit else "", lost))
         return results
 
+    def _retire_channel(self, key) -> None:
+        self._retire()
+
     def _retire(self) -> None:
         self._owed.pop(0, None)  # what the worker owed is lost with it
         if self._worker is not None:

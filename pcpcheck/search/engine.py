@@ -18,6 +18,11 @@ A case on which a rank hung or died ("costly": running it again costs a timeout 
 evidence at once: generation stops there, and it is not handed to hypothesis (every attempt that
 hangs would cost a timeout) but scanned (pcpcheck.search.minimize.scan). A hang met while shrinking
 another violation stops that shrinking. What ended a phase early is the counterexample's `note`.
+
+A slow target (its calls that complete take SLOW_CALL seconds or more, on average) has its
+verdict within 2 x the per-rank timeout of the regime's start once it has a violation: past that,
+generation, shrinking, scanning and reductions stop (the note says why) and its counterexample
+is replayed once.
 """
 
 from __future__ import annotations
@@ -89,6 +94,11 @@ class _Costly(BaseException):
     further attempt could cost as much, so shrinking stops (the case itself is recorded)."""
 
 
+class _Slow(BaseException):
+    """Raised at the start of an attempt once a slow target's regime has had its time
+    (Search.slow_stop): shrinking stops, the smallest cases so far stand."""
+
+
 @dataclass(kw_only=True)
 class RegimeResult:
     regime: str
@@ -121,6 +131,7 @@ def count_coverage(result: RegimeResult, observation: Observation) -> None:
 
 
 MIN_CASES = 10  # hypothesis' least test calls before it stops looking for more bugs
+SLOW_CALL = 1.0  # seconds a completed call takes on average that make a target slow
 SHRINK_SEED = 0  # the shrinker's randomness: fixed, so a run is reproducible
 
 
@@ -221,9 +232,29 @@ class Search:
     smallest: dict[str, Observation] = field(default_factory=dict)
     # per invariant violated at all (first or not), the smallest case that violates it
     witness: dict[str, Observation] = field(default_factory=dict)
+    began: float = field(default_factory=time.monotonic)
+    last_seen: float = field(default_factory=time.monotonic)  # when the last case was recorded
+    completed: int = 0  # cases on which every rank's call completed
+    completed_seconds: float = 0.0  # the wall time each of them took, summed
 
     def __post_init__(self):
         self.result = RegimeResult(regime=self.regime)
+
+    @property
+    def slow(self) -> bool:
+        """Cases that complete take SLOW_CALL seconds or more on average (the wall time from
+        one case's result to the next's): every attempt to shrink costs seconds."""
+        return self.completed > 0 and self.completed_seconds >= SLOW_CALL * self.completed
+
+    def slow_stop(self) -> str | None:
+        """Why the search of a slow target stops now (2 x the per-rank timeout since the regime
+        began: its verdict must not wait on attempts that cost seconds each), else None."""
+        timeout = self.runner.timeout
+        if not self.slow or time.monotonic() < self.began + 2 * timeout:
+            return None
+        return (f"each attempt costs about {self.completed_seconds / self.completed:.1f} s (the "
+                f"target's calls are slow), and a slow target's regime ends 2 x --timeout "
+                f"({2 * timeout:g} s) after it began")
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -250,6 +281,11 @@ class Search:
         result = self.result
         result.cases += 1
         call = max((view.seconds for view in observation.ranks), default=0.0)
+        now = time.monotonic()
+        wall, self.last_seen = now - self.last_seen, now
+        if not observation.costly:
+            self.completed += 1
+            self.completed_seconds += wall
         result.slowest_call = max(result.slowest_call, call)
         result.call_seconds += call
         result.checked.update(observation.checked)
@@ -317,6 +353,9 @@ class Search:
                 stop = out_of_time = True
             elif found and count >= MIN_CASES and count >= min(first_at + 1000, 2 * last_at):
                 stop = True
+            elif found and self.slow_stop():  # nor wait for the cases in flight: seconds each
+                self.runner.abandon()
+                break
         self.result.check_seconds += time.perf_counter() - started - drawing
         return None if out_of_time else found
 
@@ -340,6 +379,8 @@ class Search:
         def check(case: Case) -> None:
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 raise _BudgetReached
+            if self.slow_stop():
+                raise _Slow
             attempts[0] += 1
             self.phase = f"shrinking, attempt {attempts[0]}"
             started = time.perf_counter()
@@ -356,10 +397,11 @@ class Search:
             check()
         except _BudgetReached:
             return None
-        except _Costly:  # the smallest cases seen so far stand, with why they are not smaller
+        except (_Costly, _Slow) as stopped:  # the smallest cases so far stand, with why
+            why = (self.slow_stop() if isinstance(stopped, _Slow) else
+                   f"attempt {attempts[0]} hung or killed its worker, and each further one could")
             note = (f"shrinking stopped after {attempts[0]} attempts / "
-                    f"{time.perf_counter() - began:.1f} s: attempt {attempts[0]} hung or killed "
-                    "its worker, and each further one could")
+                    f"{time.perf_counter() - began:.1f} s: {why}")
             for invariant in found:
                 self.smallest[invariant].note = note
             return {}
@@ -389,7 +431,7 @@ class Search:
             self.phase = f"looking for the smallest case that shows it again, attempt {n}"
         found, replayed = scan(observation, self.target, self.runner, self.run_many, self.sizes,
                                transform=self.transform, deadline=self.deadline,
-                               record=self.record, on_attempt=attempt)
+                               record=self.record, on_attempt=attempt, stop=self.slow_stop)
         if replayed is not None:
             self.replayed[id(found)] = replayed
         return found
@@ -397,14 +439,22 @@ class Search:
     def reduced(self, observation: Observation) -> Observation:
         def attempt(n: int) -> None:
             self.phase = f"reducing, attempt {n}"
-        return reduced(observation, self.target, self.runner, self.run_many, self.sizes, attempt)
+        return reduced(observation, self.target, self.runner, self.run_many, self.sizes, attempt,
+                       stop=self.slow_stop)
 
     def replays(self, observation: Observation) -> Replays:
         """The replay its scan ran beside it, else minimize.replay_counterexample's."""
         if id(observation) in self.replayed:
             return self.replayed[id(observation)]
+        why = self.slow_stop()
+        if why:
+            observation.note = (f"{observation.note}; its case not replayed, for the same reason"
+                                if observation.note and why in observation.note
+                                else f"its case not replayed: {why}")
+            return Replays(0, 0)
         self.phase = "replaying the counterexample"
-        return replay_counterexample(observation, self.target, self.runner, self.run_many)
+        return replay_counterexample(observation, self.target, self.runner, self.run_many,
+                                     slow=self.slow)
 
 
 class _Stored(ExampleDatabase):

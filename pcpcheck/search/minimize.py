@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from pcpcheck.judge.run import run_cases
@@ -43,10 +43,12 @@ def _shows(observation, invariant: str) -> bool:
     return bool(observation.violations) and observation.violations[0].invariant == invariant
 
 
-def replay_counterexample(observation: Observation, target, runner, run_many=run_cases) -> Replays:
-    """The counterexample's case run REPLAYS more times (a costly one once: each run costs a
-    timeout or a worker); a replay that hangs or kills its worker ends them."""
-    runs = 1 if observation.costly else REPLAYS
+def replay_counterexample(observation: Observation, target, runner, run_many=run_cases,
+                          slow: bool = False) -> Replays:
+    """The counterexample's case run REPLAYS more times (once if costly, each run costing a
+    timeout or a worker, or `slow`, each costing seconds); a replay that hangs or kills its
+    worker ends them."""
+    runs = 1 if observation.costly or slow else REPLAYS
     invariant = observation.violations[0].invariant
     done = reproduced = 0
     for again in run_many([observation.prepared.case] * runs, target, runner):
@@ -58,10 +60,12 @@ def replay_counterexample(observation: Observation, target, runner, run_many=run
 
 
 def reduced(observation: Observation, target, runner, run_many=run_cases, sizes=None,
-            on_attempt=None, budget: int = 400, seconds: float = 60.0) -> Observation:
+            on_attempt=None, budget: int = 400, seconds: float = 60.0,
+            stop: Callable[[], str | None] | None = None) -> Observation:
     """The counterexample after greedy reductions (reduce.smaller, to world sizes among `sizes`)
     that keep its first violated invariant. At most `budget` cases and `seconds`; a case that
-    hangs or kills its worker ends them. `on_attempt(n)` before the n-th case runs."""
+    hangs or kills its worker ends them, and so does `stop()` answering why. `on_attempt(n)`
+    before the n-th case runs."""
     invariant = observation.violations[0].invariant
     deadline = time.perf_counter() + seconds
     attempts, improved = 0, True
@@ -69,6 +73,10 @@ def reduced(observation: Observation, target, runner, run_many=run_cases, sizes=
         improved = False
         for case in smaller(observation.prepared.case, sizes):
             if attempts >= budget or time.perf_counter() > deadline:
+                return observation
+            why = stop() if stop is not None else None
+            if why:
+                observation.note = f"reductions stopped after {attempts} attempts: {why}"
                 return observation
             attempts += 1
             if on_attempt is not None:
@@ -85,14 +93,15 @@ def reduced(observation: Observation, target, runner, run_many=run_cases, sizes=
 
 
 def scan(observation: Observation, target, runner, run_many, sizes, *, transform=None,
-         deadline: float | None = None, record=None, on_attempt=None
-         ) -> tuple[Observation, Replays | None]:
+         deadline: float | None = None, record=None, on_attempt=None,
+         stop: Callable[[], str | None] | None = None) -> tuple[Observation, Replays | None]:
     """A costly counterexample's smallest form, and its replay where one ran beside it: the
     smaller cases tried in order of size (reduce.ascending, to world sizes among `sizes`; mapped
     by `transform`, None dropped), each on `runner` and at the same time on its twin backend.
     The first that shows the same violation again is the smallest tried. At most SCAN_ATTEMPTS
-    cases, 3 timeouts + 30 s, and `deadline` (time.monotonic()). `record(observation)` counts
-    every case run on `runner`; `on_attempt(n)` before the n-th."""
+    cases, 3 timeouts + 30 s, `deadline` (time.monotonic()) and `stop()` (why it must stop,
+    else None). `record(observation)` counts every case run on `runner`; `on_attempt(n)` before
+    the n-th."""
     invariant = observation.violations[0].invariant
     candidates = ascending(observation.prepared.case, sizes)
     if transform is not None:
@@ -101,10 +110,20 @@ def scan(observation: Observation, target, runner, run_many, sizes, *, transform
     began = time.perf_counter()
     budget = 3 * runner.timeout + 30.0
     found, again, tried = observation, None, 0
+    stopped: list[str] = []  # why `stop` ended the scan, checked before each attempt
+
+    def until_stopped(cases):
+        for case in cases:
+            why = stop() if stop is not None else None
+            if why:
+                stopped.append(why)
+                return
+            yield case
     if on_attempt is not None:
         on_attempt(1)
     try:
-        for tried, (mine, theirs) in enumerate(_beside(candidates, target, runner, twin, run_many), 1):
+        attempts = _beside(until_stopped(candidates), target, runner, twin, run_many)
+        for tried, (mine, theirs) in enumerate(attempts, 1):
             if on_attempt is not None:
                 on_attempt(tried + 1)
             if record is not None:
@@ -120,7 +139,9 @@ def scan(observation: Observation, target, runner, run_many, sizes, *, transform
             twin.close()
     seconds = time.perf_counter() - began
     how = "hung" if any(view.lost == "hung" for view in observation.ranks) else "killed its worker"
-    if found is observation:
+    if found is observation and stopped:
+        found.note = f"shrinking stopped after {tried} attempts / {seconds:.1f} s: {stopped[0]}"
+    elif found is observation:
         found.note = (f"shrinking stopped after {tried} attempts / {seconds:.1f} s: no smaller "
                       f"case tried showed it again (the case {how})")
     else:

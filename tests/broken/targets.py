@@ -1,6 +1,7 @@
 """Broken targets in the shapes a broken pull request takes: every call hangs, only large steps
 hang, every call crashes the worker (SIGSEGV, a C-stack overflow, os._exit), a hang that does
-not come back, and a correct but slow gather. Pick one with `--function`; each wraps the bundled
+not come back, a correct but slow gather, and slow gathers that are wrong or crash on some
+steps. Pick one with `--function`; each wraps the bundled
 gather. tests/test_broken.py asserts their verdicts, benchmarks/broken_targets.py times them."""
 
 import os
@@ -73,3 +74,23 @@ def hangs_once(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=F
 def slow(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
     time.sleep(0.3)  # correct, 0.3 s a call on every rank
     return _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+
+
+SLOW_CALL = 1.5  # seconds a slow call takes, on every rank
+
+
+def slow_and_crashing(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
+    """Every call takes seconds; a step of more than 2 local rows kills its rank (as deep
+    recursion with a raised recursion limit does on a slower machine)."""
+    time.sleep(SLOW_CALL)
+    if tensors[0].shape[0] > 2:
+        os.kill(os.getpid(), signal.SIGSEGV)  # BUG
+    return _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+
+
+def slow_and_wrong(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
+    """Every call takes seconds; the slot map is cut to the local rows (bug class 4)."""
+    time.sleep(SLOW_CALL)
+    rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
+    return rows, slots[:tensors[0].shape[0]]  # BUG
+
