@@ -46,6 +46,8 @@ from pcpcheck_spec.names import (
     Request,
 )
 
+pytestmark = pytest.mark.heavy  # .ci/run's stage of the heaviest evidence
+
 Gather = Callable[[list[list[int]], list[list[int]], list[int], bool], list[tuple[list[int], list[int]]]]
 
 MAX_TOKENS_PLUS_PAD = 3  # bounds every rank's row count L (W <= N + graph padding, L = N + dp_pad)

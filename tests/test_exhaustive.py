@@ -166,8 +166,9 @@ def test_a_release_is_checked_exhaustively_in_its_own_order():
         assert 0 < summary.cases == summary.scope_steps < len(steps)
 
 
+@pytest.mark.heavy  # .ci/run's stage of the heaviest evidence
 def test_impl_holds_within_the_default_scope(threads_backend):
-    """The whole default scope (about a minute on 2 cores: benchmarks/README.md); it reaches
+    """The whole default scope (benchmarks/README.md times it); it reaches
     every gather branch and every layout feature but several KV groups (a release's: a file
     target's gather is called once per step), as its coverage counts them from each step."""
     result = api.check("impl", exhaustive=True, runner=threads_backend)
@@ -202,7 +203,8 @@ def test_a_budget_cuts_an_exhaustive_run_and_the_report_says_so(threads_backend)
                        runner=threads_backend)
     summary = result.summary("dcp")
     assert summary.budget_reached and 0 < summary.cases < summary.scope_steps
-    assert "steps (dcp 9,210) within" in report.result_text(result)
+    assert f"steps (dcp {scope.count(scope.DEFAULT_SCOPE, 'dcp'):,}) within" in \
+        report.result_text(result)
     assert "checked: the budget ran out" in report.result_text(result)
 
 
@@ -235,6 +237,7 @@ def test_an_exhaustive_result_follows_the_documented_schema_and_round_trips(thre
     assert again.regimes == result.regimes and again.options == result.options
 
 
+@pytest.mark.heavy  # .ci/run's stage of the heaviest evidence
 def test_vllm_0_33_0_gather_holds_within_the_default_scope(tmp_path, threads_backend):
     """vLLM 0.33.0's own pcp.py, read from its wheel (fetched at test time, never committed):
     every step of the default scope holds; its class-10 hazard is a smallest draft-mixed step."""
@@ -253,3 +256,13 @@ def test_vllm_0_33_0_gather_holds_within_the_default_scope(tmp_path, threads_bac
     hazard = api.check(gather, regimes=("draft-mixed",), exhaustive=True, runner=threads_backend)
     first = hazard.counterexamples[0]
     assert (first.invariant, _size(json.loads(first.case))) == ("REPLICA", (2, 2, 2)), first.report
+
+
+def test_the_help_states_the_default_scopes_the_search_uses():
+    from pcpcheck.faces.options import CHECK_SCOPE, RELEASE_SCOPE
+    assert (CHECK_SCOPE, RELEASE_SCOPE) == (scope.DEFAULT_SCOPE.spec(),
+                                            scope.RELEASE_DEFAULT_SCOPE.spec())
+    assert scope.count(scope.DEFAULT_SCOPE, "dcp") > 0
+    total = sum(scope.count(scope.DEFAULT_SCOPE, r) for r in ("sharded", "replicated", "dcp", "draft"))
+    assert total >= 100_000  # 3 requests: where interleavings multiply
+

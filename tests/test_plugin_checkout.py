@@ -72,7 +72,7 @@ def test_the_same_command_fails_on_a_broken_gather(vllm_checkout):
     assert text.count(TRUNCATED[0]) == 1
     gather.write_text(text.replace(*TRUNCATED))
     try:
-        done = _run(vllm_checkout, "--pcp-regime", SHARDED)
+        done = _run(vllm_checkout, "--pcp-regime", SHARDED, "--pcp-max-examples", "20")
     finally:
         gather.write_text(text)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]

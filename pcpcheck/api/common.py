@@ -88,18 +88,20 @@ def read_shard(shard) -> shards.Shard | None:
         raise UsageError(str(exc)) from None
 
 
-def exhaustive_scope(exhaustive: bool, scope, backend: str = DEFAULT_BACKEND, world_sizes=None):
-    """Options.scope: the scope's KEY=VALUE text when exhaustive, else None (UsageError for a
-    scope without --exhaustive, a malformed one, or ranks a process backend does not pool)."""
+def exhaustive_scope(exhaustive: bool, scope, backend: str = DEFAULT_BACKEND, world_sizes=None,
+                     default: scopes.Scope = scopes.DEFAULT_SCOPE):
+    """Options.scope: the scope's KEY=VALUE text when exhaustive (unnamed keys: `default`'s),
+    else None (UsageError for a scope without --exhaustive, a malformed one, or ranks a process
+    backend does not pool)."""
     if not exhaustive:
         if scope is not None:
             raise UsageError("--scope bounds an exhaustive check: add --exhaustive")
         return None
     if scope is None:
-        scope = scopes.DEFAULT_SCOPE
+        scope = default
     elif isinstance(scope, str):
         try:
-            scope = scopes.parse_scope(scope)
+            scope = scopes.parse_scope(scope, default)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     if backend != "threads" or world_sizes:

@@ -51,7 +51,9 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
     options = Options(regimes=tuple(dict.fromkeys(regimes)), max_examples=max_examples,
                       max_ranks=max_ranks, seed=seed, budget_s=budget_s, timeout=timeout,
                       baseline=None if baseline is None else os.fspath(baseline),
-                      empty_steps=empty_steps, scope=exhaustive_scope(exhaustive, scope),
+                      empty_steps=empty_steps,
+                      scope=exhaustive_scope(exhaustive, scope,
+                                             default=scopes.RELEASE_DEFAULT_SCOPE),
                       shard=read_shard(shard))
     validate(options)
     known = load_baseline(options.baseline) if options.baseline else Baseline(options.baseline, ())

@@ -122,7 +122,14 @@ def _add_shard(parser: argparse.ArgumentParser) -> None:
                              "parts' --json files")
 
 
-def _add_exhaustive(parser: argparse.ArgumentParser) -> None:
+# --exhaustive's default scopes as --scope writes them (pcpcheck.search.scope's DEFAULT_SCOPE and
+# RELEASE_DEFAULT_SCOPE: importing it here would import numpy; tests/test_exhaustive.py keeps
+# them one)
+CHECK_SCOPE = "ranks=2/3/4,requests=3,tokens=4,context=1,block-sizes=2,interleaves=1/2,graph=1,dp=1"
+RELEASE_SCOPE = "ranks=2/3/4,requests=2,tokens=4,context=1,block-sizes=1/2,interleaves=1/2,graph=1,dp=1"
+
+
+def _add_exhaustive(parser: argparse.ArgumentParser, default_scope: str = CHECK_SCOPE) -> None:
     parser.add_argument("--exhaustive", action="store_true",
                         help="check every step within --scope, each once, smallest first (the "
                              "first violation is a smallest one: no shrinking), instead of "
@@ -131,8 +138,7 @@ def _add_exhaustive(parser: argparse.ArgumentParser) -> None:
                         help="--exhaustive's bounds: ranks=A..B or A/B/C, requests=N, tokens=N "
                              "(per request), context=N, block-sizes=A/B/C, interleaves=A/B, "
                              "graph=N (rows past the widest rank), dp=N (draft DP padding); "
-                             "unnamed keys keep the default (ranks=2/3/4,requests=2,tokens=4,"
-                             "context=1,block-sizes=1/2/4,interleaves=1/2,graph=1,dp=1)")
+                             f"unnamed keys keep the default ({default_scope})")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -190,7 +196,7 @@ def _add_vllm(commands) -> None:
                       help="also draw steps with no scheduled token (a hazard: the model "
                            "runner never runs them)")
     vllm.add_argument("--replay", metavar="CASE_JSON", help="judge this one step")
-    _add_exhaustive(vllm)
+    _add_exhaustive(vllm, RELEASE_SCOPE)
     _add_shard(vllm)
     vllm.add_argument("--steps", metavar="DIR|FILE",
                       help="replay steps recorded from a live vLLM (docs/record.md) and compare "

@@ -64,7 +64,12 @@ class Scope:
                         for value in (getattr(self, name),))
 
 
-DEFAULT_SCOPE = Scope(max_requests=2, max_tokens=4)
+# `check --exhaustive`'s default: 3 requests of up to 4 tokens (a head/tail split needs 4), block
+# size 2 (a request within a block and across blocks), 130,545 steps in the four default regimes,
+# about a minute on 2 cores for impl (benchmarks/README.md); every zoo bug's minimal case is in it.
+DEFAULT_SCOPE = Scope(max_requests=3, max_tokens=4, block_sizes=(2,))
+# `vllm --exhaustive`'s: a release's step runs its manager and kernels, ~10x a gather's cost.
+RELEASE_DEFAULT_SCOPE = Scope(max_requests=2, max_tokens=4, block_sizes=(1, 2))
 
 
 def _span(values) -> str:
@@ -88,9 +93,9 @@ _LIMITS = {"pcp_sizes": (2, 8), "max_requests": (0, 6), "max_tokens": (1, 16),
            "max_graph_pad": (0, 4), "max_dp_pad": (0, 4)}
 
 
-def parse_scope(text: str) -> Scope:
+def parse_scope(text: str, base: Scope = DEFAULT_SCOPE) -> Scope:
     """A scope from `KEY=VALUE,...` (keys: ranks, requests, tokens, context, block-sizes,
-    interleaves, graph, dp; a set as A..B or A/B/C); unnamed keys keep DEFAULT_SCOPE's.
+    interleaves, graph, dp; a set as A..B or A/B/C); unnamed keys keep `base`'s.
     ValueError (one line naming the key) otherwise."""
     values = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -115,7 +120,7 @@ def parse_scope(text: str) -> Scope:
         if not numbers or not all(low <= n <= high for n in numbers):
             raise ValueError(f"scope: {key} must be between {low} and {high}, got {value!r}")
         values[name] = parsed
-    return Scope(**{**DEFAULT_SCOPE.__dict__, **values})
+    return Scope(**{**base.__dict__, **values})
 
 
 def _request_kinds(scope: Scope, regime: str) -> list[tuple[int, bool, int]]:
