@@ -89,8 +89,9 @@ def slow_and_crashing(tensors, slot_mapping, num_decode_tokens, shard_decode_req
 
 
 def slow_and_wrong(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
-    """Every call takes seconds; the slot map is cut to the local rows (bug class 4)."""
+    """Every call takes seconds; the last slot is dropped (its row's KV never written), in every
+    regime."""
     time.sleep(SLOW_CALL)
     rows, slots = _correct(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
-    return rows, slots[:tensors[0].shape[0]]  # BUG
+    return rows, slots[:max(0, slots.shape[0] - 1)]  # BUG
 
