@@ -242,7 +242,8 @@ def test_a_wheel_is_never_seen_half_written(tmp_path, monkeypatch):
     def pip_download(command, **_):
         into = Path(command[command.index("-d") + 1])
         (into / "vllm-9.9.9-py3-none-any.whl").write_bytes(b"half")
-        assert not list(tmp_path.glob("vllm-9.9.9-*.whl")), "a reader would see the partial wheel"
+        assert not [p for p in tmp_path.glob("vllm-9.9.9-*.whl") if p.is_file()], \
+            "a reader would see the partial wheel"
         (into / "vllm-9.9.9-py3-none-any.whl").write_bytes(b"whole")
         return subprocess.CompletedProcess(command, 0, "", "")
 
@@ -250,6 +251,11 @@ def test_a_wheel_is_never_seen_half_written(tmp_path, monkeypatch):
     wheel = fetch_release("9.9.9", tmp_path)
     assert wheel.parent == tmp_path and wheel.read_bytes() == b"whole"
     assert [p.name for p in tmp_path.iterdir()] == [wheel.name]  # no private folder left
+    # a cached wheel that is a dangling link (what it pointed at was deleted) is fetched again
+    wheel.unlink()
+    wheel.symlink_to(tmp_path / "deleted.whl")
+    again = fetch_release("9.9.9", tmp_path)
+    assert again == wheel and not again.is_symlink() and again.read_bytes() == b"whole"
 
 
 def test_interface_errors_are_typed(tmp_path):

@@ -125,7 +125,8 @@ def fetch_release(version: str, directory: Path | None = None) -> Path:
     absent (pip's own cache makes a repeat fast). pip writes into a private folder and the
     wheel is renamed into place whole: a concurrent run never opens a half-written wheel."""
     directory = directory or cache_dir()
-    found = sorted(directory.glob(f"vllm-{version}-*.whl")) if directory.is_dir() else []
+    found = sorted(p for p in directory.glob(f"vllm-{version}-*.whl") if p.is_file()) \
+        if directory.is_dir() else []  # a dangling link (its target deleted) is no wheel
     if found:
         return found[0]
     directory.mkdir(parents=True, exist_ok=True)
