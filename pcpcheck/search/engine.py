@@ -249,8 +249,10 @@ class Search:
     def slow_stop(self) -> str | None:
         """Why the search of a slow target stops now (2 x the per-rank timeout since the regime
         began: its verdict must not wait on attempts that cost seconds each), else None."""
+        if not self.slow:
+            return None
         timeout = self.runner.timeout
-        if not self.slow or time.monotonic() < self.began + 2 * timeout:
+        if time.monotonic() < self.began + 2 * timeout:
             return None
         return (f"each attempt costs about {self.completed_seconds / self.completed:.1f} s (the "
                 f"target's calls are slow), and a slow target's regime ends 2 x --timeout "
