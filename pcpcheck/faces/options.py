@@ -69,12 +69,17 @@ def _add_search(parser: argparse.ArgumentParser, max_examples: int, unit: str) -
                         help="on a failure of pcpcheck itself (exit 3), also print its traceback")
 
 
-def _add_ci_outputs(parser: argparse.ArgumentParser) -> None:
-    """What `check` and `vllm` write for CI besides --json, and the known violations."""
+def _add_reports(parser: argparse.ArgumentParser) -> None:
+    """The verdict for a CI's own views: JUnit and the Markdown job summary."""
     parser.add_argument("--junit", metavar="FILE",
                         help="write a JUnit XML report: one test case per regime x invariant")
     parser.add_argument("--summary", metavar="FILE",
                         help="write the verdict table as Markdown (a CI job summary)")
+
+
+def _add_ci_outputs(parser: argparse.ArgumentParser) -> None:
+    """What `check` and `vllm` write for CI besides --json, and the known violations."""
+    _add_reports(parser)
     parser.add_argument("--html", metavar="DIR",
                         help="write a page per counterexample and a summary page into DIR")
     parser.add_argument("--baseline", metavar="FILE",
@@ -178,9 +183,7 @@ def parser() -> argparse.ArgumentParser:
                        help="each part's --json file (pcpcheck check|vllm --shard K/N)")
     merge.add_argument("--json", metavar="FILE",
                        help="write the merged result as JSON; - writes it to stdout")
-    merge.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
-    merge.add_argument("--summary", metavar="FILE",
-                       help="write the verdict table as Markdown (a CI job summary)")
+    _add_reports(merge)
     return parser
 
 

@@ -19,10 +19,10 @@ evidence at once: generation stops there, and it is not handed to hypothesis (ev
 hangs would cost a timeout) but scanned (pcpcheck.search.minimize.scan). A hang met while shrinking
 another violation stops that shrinking. What ended a phase early is the counterexample's `note`.
 
-A slow target (its calls that complete take SLOW_CALL seconds or more, on average) has its
+A slow target (its cases that complete take SLOW_CALL seconds or more each, on average) has its
 verdict within 2 x the per-rank timeout of the regime's start once it has a violation: past that,
-generation, shrinking, scanning and reductions stop (the note says why) and its counterexample
-is replayed once.
+generation stops without waiting for the cases in flight, shrinking, scanning, reductions and
+replays stop, and the counterexample's note says why.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def count_coverage(result: RegimeResult, observation: Observation) -> None:
 
 
 MIN_CASES = 10  # hypothesis' least test calls before it stops looking for more bugs
-SLOW_CALL = 1.0  # seconds a completed call takes on average that make a target slow
+SLOW_CALL = 1.0  # seconds of wall time per completed case, on average, that make a target slow
 SHRINK_SEED = 0  # the shrinker's randomness: fixed, so a run is reproducible
 
 
@@ -169,7 +169,7 @@ def search(target, regime: str, runner, *, max_examples: int, max_ranks: int = D
     result = run.result
     started = time.perf_counter()
     with run.watching(runner):
-        found = run.generate(random.Random(shards.part_seed(0 if derandomize or seed is None else seed, shard)))
+        found = run.generate(random.Random(shards.part_seed(0 if derandomize else seed, shard)))
         if found is None:
             result.budget_reached = True
         elif found:

@@ -43,6 +43,7 @@ def share(total: int, shard: Shard | None) -> int:
     return len(range(shard[0] - 1, total, shard[1]))
 
 
-def part_seed(base: int, shard: Shard | None) -> int | str:
-    """The random search's seed for the part: `base` unsplit, else one of the part's own."""
+def part_seed(base: int | None, shard: Shard | None) -> int | str | None:
+    """The random search's seed for the part: `base` unsplit (None: a random one), else one of
+    the part's own."""
     return base if shard is None else f"{base}/shard {shard[0]} of {shard[1]}"
