@@ -5,12 +5,13 @@ over part of a scope; a violation in the parts present still fails it (exit 1)."
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import replace
 
 from pcpcheck.api import assemble
+from pcpcheck.search.reduce import size
 from pcpcheck.search.shard import Shard
+from pcpcheck.shared.case import Case
 from pcpcheck.shared.errors import UsageError
 from pcpcheck.shared.results import (
     BaselineOutcome,
@@ -104,13 +105,6 @@ def _regime(parts: list[RegimeSummary]) -> RegimeSummary:
         real_stages=summed(lambda p: p.real_stages))
 
 
-def _level(counterexample: Counterexample) -> tuple[int, int, int]:
-    """An exhaustive run's order of size (P, requests, tokens) of a counterexample's step."""
-    batch = json.loads(counterexample.case)["batch"]
-    return (batch["pcp_size"], len(batch["requests"]),
-            sum(r["num_tokens"] for r in batch["requests"]))
-
-
 def _counterexamples(results: list[CheckResult]) -> tuple[Counterexample, ...]:
     """Every part's counterexamples, per regime in the run's order, smallest step first when
     exhaustive (the smallest over the parts is the unsplit run's), folded again over all."""
@@ -118,7 +112,9 @@ def _counterexamples(results: list[CheckResult]) -> tuple[Counterexample, ...]:
     found = [c for r in results for c in r.counterexamples]
     order = {regime: k for k, regime in enumerate(regimes)}
     exhaustive = results[0].options.scope is not None
-    found.sort(key=lambda c: (order[c.regime], _level(c) if exhaustive else (0, 0, 0)))
+    # an exhaustive run's order of size: P, requests, tokens (reduce.size's first three)
+    found.sort(key=lambda c: (order[c.regime],
+                              size(Case.from_json(c.case))[:3] if exhaustive else ()))
     into = assemble.fold([(c.regime, c) for c in found])
     return tuple(replace(c, folded_into=host) for c, host in zip(found, into))
 
