@@ -4,6 +4,7 @@ Imports only torch and ``spec.names``-level constants; states the behaviour inde
 spec/ and reference/.
 """
 
+from .async_update import PCPAsyncCacheUpdate
 from .cache import write_kv_cache
 from .gather import (
     check_expanded_index_fits,
@@ -17,6 +18,7 @@ from .mla import gather_mla_cache_inputs
 from .parallel_state import ProcessGroupAdapter, as_group, get_pcp_group, set_pcp_group
 
 __all__ = [
+    "PCPAsyncCacheUpdate",
     "ProcessGroupAdapter",
     "as_group",
     "check_expanded_index_fits",

@@ -9,6 +9,7 @@ Each predicate returns True when the invariant holds.
 
 from __future__ import annotations
 
+from . import streams
 from .names import INCOMPLETE as INCOMPLETE  # re-exported: the registry reads inv.INCOMPLETE
 from .names import NO_ROW
 
@@ -86,3 +87,29 @@ def layout_conformance(expected: dict[str, object], actual: dict[str, object]) -
     restore index, replicated requests, expanded slot maps). A field the manager does not have
     is absent from `actual` and is not compared."""
     return all(actual[key] == expected.get(key) for key in actual)
+
+
+# Asynchronous replication: predicates over one rank's stream trace (spec/streams.py).
+
+
+def async_reads_ordered(trace: list[streams.Entry], readers: dict[int, list[int]]) -> bool:
+    """ASYNC_READ: every slot a reader of the cache reads is ordered after its latest write
+    (what attention reads before finish, the complete replica after it)."""
+    return streams.unseen_write(trace, readers) is None
+
+
+def async_inputs_ordered(trace: list[streams.Entry]) -> bool:
+    """ASYNC_INPUT: every access of an input, on any stream, is ordered after its producer."""
+    return streams.unordered_input_read(trace) is None
+
+
+def async_inputs_kept(trace: list[streams.Entry]) -> bool:
+    """ASYNC_LIFETIME: no input is released while a stream whose access is not ordered before
+    the release still needs it, unless record_stream kept it for that stream."""
+    return streams.unkept_release(trace) is None
+
+
+def async_fallback(trace: list[streams.Entry]) -> bool:
+    """ASYNC_FALLBACK: start falls back while a CUDA graph is captured, and a start that falls
+    back has written nothing (the caller's synchronous gather then writes the replica)."""
+    return streams.fallback_fault(trace) is None

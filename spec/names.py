@@ -58,6 +58,34 @@ NO_MUTATION = "NO_MUTATION"
 # `pcpcheck vllm` only, which runs the manager; spec.registry scopes it).
 LAYOUT = "LAYOUT"
 
+# Asynchronous replication (bug class 16; SPEC.md "Asynchronous replication"): checked where the
+# target ships a start/finish protocol (`pcpcheck check --async`), on the sharded regime's steps.
+ASYNC_READ = "ASYNC_READ"  # a reader of the cache is ordered after every write it must see
+ASYNC_INPUT = "ASYNC_INPUT"  # a read of an input is ordered after the input's producer
+ASYNC_LIFETIME = "ASYNC_LIFETIME"  # no input is released while another stream still needs it
+ASYNC_FALLBACK = "ASYNC_FALLBACK"  # start falls back where it must, and cleanly
+
+# A stream trace (spec/streams.py): one rank's step as issued, in host order. Each entry is
+# (op, stream, object, index, phase); stream HOST for what the host itself waits on.
+HOST = -1
+MAIN_STREAM = 0  # the model runner's current stream when the step begins
+WRITE, READ = "write", "read"  # an access of (object, index) by the stream
+RECORD, WAIT = "record", "wait"  # an event recorded on / waited for by the stream
+SYNC = "sync"  # the host waits for a stream, an event or the device (stream HOST)
+KEEP = "keep"  # Tensor.record_stream: the input's memory is kept until the stream's work is done
+RELEASE = "release"  # the caller drops an input: its memory may be reused by the stream
+STARTED = "started"  # start's answer (index 1: it started, 0: it fell back), stream MAIN_STREAM
+CAPTURING = "capturing"  # index 1: a CUDA graph is being captured (start must fall back)
+SLOT, INPUT, READER, EVENT, STREAM, DEVICE = "slot", "input", "reader", "event", "stream", "device"
+FLAG = "flag"  # the object of a STARTED or CAPTURING entry (stream HOST)
+# What the caller does (`--async-order`): the model runner's default order, and the steps
+# it may take. READER_ATTENTION and READER_NEXT index the two readers of a step.
+ORDER_START, ORDER_ATTENTION, ORDER_RELEASE = "start", "attention", "release"
+ORDER_FINISH, ORDER_FINISH_NO_WAIT, ORDER_READER = "finish", "finish-nowait", "reader"
+ASYNC_ORDER = (ORDER_START, ORDER_ATTENTION, ORDER_RELEASE, ORDER_FINISH, ORDER_READER)
+ASYNC_STEPS = (*ASYNC_ORDER, ORDER_FINISH_NO_WAIT)
+READER_ATTENTION, READER_NEXT = 0, 1
+
 # Precondition IDs: what makes a step well formed (a case violating one is not drawn).
 # WF_SLOTS: every real token has a distinct non-negative slot, owned by one DCP rank (dcp: the
 # interleave divides the block size).

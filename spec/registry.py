@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import invariants as inv
 from .names import (
+    ASYNC_FALLBACK,
+    ASYNC_INPUT,
+    ASYNC_LIFETIME,
+    ASYNC_READ,
     COLLECTIVE,
     DCP,
     LAYOUT,
@@ -45,18 +49,24 @@ PER_MANAGER = "per rank's manager"  # once per rank's PCPManager: (expected view
 # own PCPManager, which only `pcpcheck vllm` runs; every gather ID is judged by both.
 GATHER = "pcpcheck check"
 RELEASE = "pcpcheck vllm"
+# The asynchronous protocol beside a gather: evaluated on the ranks that ran it (their view has a
+# stream trace), by `pcpcheck check --async`.
+ASYNC = "pcpcheck check --async"
 
 
 @dataclass
 class Step:
     """One case at the index level. ranks[r] has: error (str | None), returned (bool), rows (per
     tensor, labels), slots, caches (per tensor, slot -> label), trace, inputs_before/after.
-    expected[r]: slot -> token rank r must hold; tokens: every real token id."""
+    expected[r]: slot -> token rank r must hold; tokens: every real token id. A rank that ran
+    an asynchronous protocol also has streams (its stream trace, spec/streams.py), and
+    readers[r] says what its readers read: reader index -> slots."""
 
     ranks: list[Any]
     expected: list[dict[int, int]]
     tokens: list[int]
     num_tensors: int
+    readers: list[dict[int, list[int]]] = field(default_factory=list)
 
 
 def _caches(step: Step, tensor: int) -> list[dict[int, int]]:
@@ -114,12 +124,23 @@ REGISTRY: tuple[Invariant, ...] = (
               lambda step, k: (step.expected[0], _caches(step, k)), blame=_cache_differs),
     Invariant(SHARD, inv.shard, GLOBAL_PER_TENSOR, (DCP,),
               lambda step, k: (step.expected, _caches(step, k), step.tokens), blame=_cache_differs),
+    # An asynchronous protocol runs where decodes are sharded (`pcpcheck check --async`); the
+    # judge names what each reader reads (Step.readers).
+    Invariant(ASYNC_FALLBACK, inv.async_fallback, PER_RANK, (SHARDED,),
+              lambda step, r: (step.ranks[r].streams,), checkers=(ASYNC,)),
+    Invariant(ASYNC_INPUT, inv.async_inputs_ordered, PER_RANK, (SHARDED,),
+              lambda step, r: (step.ranks[r].streams,), checkers=(ASYNC,)),
+    Invariant(ASYNC_READ, inv.async_reads_ordered, PER_RANK, (SHARDED,),
+              lambda step, r: (step.ranks[r].streams, step.readers[r]), checkers=(ASYNC,)),
+    Invariant(ASYNC_LIFETIME, inv.async_inputs_kept, PER_RANK, (SHARDED,),
+              lambda step, r: (step.ranks[r].streams,), checkers=(ASYNC,)),
 )
 
 IDS = tuple(entry.id for entry in REGISTRY)
 BY_ID = {entry.id: entry for entry in REGISTRY}
 GATHER_IDS = tuple(entry.id for entry in REGISTRY if GATHER in entry.checkers)
 RELEASE_IDS = tuple(entry.id for entry in REGISTRY if RELEASE in entry.checkers)
+ASYNC_IDS = tuple(entry.id for entry in REGISTRY if ASYNC in entry.checkers)
 
 
 def applicable(regime: str, checker: str = GATHER) -> tuple[Invariant, ...]:
@@ -141,7 +162,8 @@ def evaluate(step: Step, regime: str) -> tuple[dict[str, list[int]], tuple[str, 
     failed: dict[str, set[int]] = {}
     ran: list[str] = []
     ranks = range(len(step.ranks))
-    for entry in _applicable_gather(regime):
+    asynchronous = any(getattr(view, "streams", None) is not None for view in step.ranks)
+    for entry in _applicable_gather(regime) + (_applicable_async(regime) if asynchronous else ()):
         seen: list[tuple[Any, ...]] = []  # the distinct arguments the predicate ran on, and
         verdicts: list[bool] = []  # its result on each
         units: list[tuple[Any, ...]]  # per rank: (rank, tensor or None); global: () or (tensor,)
@@ -149,7 +171,8 @@ def evaluate(step: Step, regime: str) -> tuple[dict[str, list[int]], tuple[str, 
         if entry.scope in (PER_RANK, PER_TENSOR):
             tensors = range(step.num_tensors) if entry.scope == PER_TENSOR else (None,)
             units = [(r, k) for r in ranks for k in tensors
-                     if step.ranks[r].returned or not entry.needs_output]
+                     if (step.ranks[r].returned or not entry.needs_output)
+                     and (ASYNC not in entry.checkers or step.ranks[r].streams is not None)]
             for r, k in units:
                 unit = (r,) if k is None else (r, k)
                 if not _holds(entry, entry.arguments(step, *unit), seen, verdicts):
@@ -177,3 +200,4 @@ def _holds(
 
 
 _applicable_gather = functools.lru_cache(maxsize=None)(lambda regime: applicable(regime, GATHER))
+_applicable_async = functools.lru_cache(maxsize=None)(lambda regime: applicable(regime, ASYNC))

@@ -592,3 +592,19 @@ def test_torchrun_two_nodes_only_the_driver_node_prints(tmp_path):
     assert [node.returncode for node in nodes] == [1, 1]
     assert [err for _, err in outputs] == ["", ""]
     assert "REPLICA violated on rank(s) [1]" in outputs[0][0] and outputs[1][0] == ""
+
+
+@SHARED_BACKENDS
+def test_an_asynchronous_protocol_is_judged_alike_on_both_backends(threads, gloo):
+    """The CPU model of CUDA streams runs in a gloo rank's process as in the threads worker:
+    impl's protocol holds on both, and a side stream that skips its wait for the ready event
+    fails ASYNC_INPUT on both (tests/test_async.py has the rest)."""
+    from pcpcheck.shared.protocol import async_function
+    from pcpcheck_spec.names import ASYNC_INPUT, ASYNC_ORDER
+    fork = str(ROOT / "tests" / "zoo" / "async_fork.py")
+    for backend in (threads, gloo):
+        impl = backend.load("impl", async_function(None, "", ASYNC_ORDER))
+        assert not search(impl, "sharded", backend, max_examples=12, pcp_sizes=SIZES).counterexamples
+        mutant = backend.load(fork, async_function(None, "NoReadyWait", ASYNC_ORDER))
+        found = search(mutant, "sharded", backend, max_examples=12, pcp_sizes=SIZES).counterexamples
+        assert [o.violations[0].invariant for o in found] == [ASYNC_INPUT], backend.name

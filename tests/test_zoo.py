@@ -25,6 +25,10 @@ from pcpcheck.search.minimize import reduced as reduce_greedily
 from pcpcheck.search.reduce import smaller
 from pcpcheck.shared.case import Case, TensorSpec
 from pcpcheck_spec.names import (
+    ASYNC_FALLBACK,
+    ASYNC_INPUT,
+    ASYNC_LIFETIME,
+    ASYNC_READ,
     COLLECTIVE,
     DCP,
     DEFAULT_REGIMES,
@@ -41,7 +45,7 @@ from pcpcheck_spec.names import (
     Batch,
     Request,
 )
-from pcpcheck_spec.registry import GATHER, pairs
+from pcpcheck_spec.registry import ASYNC, GATHER, pairs
 
 ZOO = Path(__file__).parent / "zoo"
 MAX_EXAMPLES = "300"
@@ -144,15 +148,39 @@ PINNED = {
 }
 
 
-@pytest.mark.parametrize("invariant, regime", pairs(GATHER), ids=[f"{i}-{r}" for i, r in pairs(GATHER)])
+# The asynchronous IDs' triggers (tests/zoo/async_fork.py, tests/test_async.py): the mutant
+# protocol or the caller's order that breaks each; pinned on a sharded step with a decode on every
+# rank (every rank's side stream then has rows to move), under a graph capture for the fallback.
+ASYNC_TRIGGERS = {
+    ASYNC_FALLBACK: ["--async", "StartsWhileCapturing"],
+    ASYNC_INPUT: ["--async", "NoReadyWait"],
+    ASYNC_READ: ["--async", "PCPAsyncCacheUpdate", "--async-order",
+                 "start,attention,release,finish-nowait,reader"],
+    ASYNC_LIFETIME: ["--async", "NoRecordStream"],
+}
+ASYNC_PINNED = Batch(SHARDED, 3, (*(_request(1, False, k, 1) for k in range(3)),
+                                  _request(4, True, 3, 1)), 1)
+ASYNC_PINNED_CAPTURED = Batch(SHARDED, 3, ASYNC_PINNED.requests, 1, graph_size=3)
+
+
+CHECK_PAIRS = pairs(GATHER) + pairs(ASYNC)
+
+
+@pytest.mark.parametrize("invariant, regime", CHECK_PAIRS, ids=[f"{i}-{r}" for i, r in CHECK_PAIRS])
 def test_every_invariant_fires_in_every_regime_it_applies_to(invariant, regime, pcpcheck_check,
                                                              capsys):
     """Each (ID, regime) `pcpcheck check` evaluates has a checker-level trigger reported under that
-    exact ID: `pcpcheck check tests/zoo/triggers.py --function fires_ID --replay PINNED_CASE`.
-    The IDs only `pcpcheck vllm` evaluates (LAYOUT) get theirs from vLLM-style fixtures:
+    exact ID: `pcpcheck check tests/zoo/triggers.py --function fires_ID --replay PINNED_CASE`
+    (`--async` ones: ASYNC_TRIGGERS). The IDs only `pcpcheck vllm` evaluates (LAYOUT) get
+    theirs from vLLM-style fixtures:
     tests/test_vllm.py::test_every_release_invariant_fires_in_every_regime_it_applies_to."""
-    case = Case(PINNED[regime], (TensorSpec((4,), "float32"),)).to_json()
-    code = pcpcheck_check([ZOO / "triggers.py", "--function", f"fires_{invariant}", "--replay", case])
+    if invariant in ASYNC_TRIGGERS:  # a protocol's mutant, or the caller's order, in a fork's file
+        batch = ASYNC_PINNED_CAPTURED if invariant == ASYNC_FALLBACK else ASYNC_PINNED
+        case = Case(batch, (TensorSpec((4,), "float32"),)).to_json()
+        code = pcpcheck_check([ZOO / "async_fork.py", *ASYNC_TRIGGERS[invariant], "--replay", case])
+    else:
+        case = Case(PINNED[regime], (TensorSpec((4,), "float32"),)).to_json()
+        code = pcpcheck_check([ZOO / "triggers.py", "--function", f"fires_{invariant}", "--replay", case])
     out = capsys.readouterr().out
     assert code == 1, f"no trigger makes {invariant} fire in {regime}:\n{out}"
     reported = out.splitlines()[2 if "stood in for" in out else 1]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 
 from pcpcheck.api import assemble
@@ -37,6 +38,7 @@ from pcpcheck.shared.defaults import (
     DEFAULT_TIMEOUT,
 )
 from pcpcheck.shared.errors import UsageError
+from pcpcheck.shared.protocol import async_function
 from pcpcheck.shared.results import (
     CheckResult,
     DiffResult,
@@ -45,7 +47,7 @@ from pcpcheck.shared.results import (
     Verdict,
     version,
 )
-from pcpcheck_spec.names import DEFAULT_REGIMES, SHARDED
+from pcpcheck_spec.names import ASYNC_ORDER, DEFAULT_REGIMES, SHARDED
 
 NO_SHARD_FLAG = ("the gather has no shard_decode_requests parameter: decodes are never sharded "
                  "in its era (vLLM before 0.32)")
@@ -53,13 +55,22 @@ NO_SHARD_FLAG = ("the gather has no shard_decode_requests parameter: decodes are
 
 # --- check ----------------------------------------------------------------------------------------
 
+def with_protocol(function: str | None, asynchronous: str | None,
+                  async_order: Sequence[str]) -> str | None:
+    """The function the workers load: the gather's, with the asynchronous protocol if any."""
+    if asynchronous is None:
+        return function
+    return async_function(function, asynchronous, tuple(async_order))
+
+
 def check(target, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_MAX_EXAMPLES,
           max_ranks: int = DEFAULT_MAX_RANKS, seed: int | None = None, budget_s: float | None = None,
           backend: str = DEFAULT_BACKEND, baseline: str | os.PathLike | None = None,
           function: str | None = None, timeout: float = DEFAULT_TIMEOUT, world_sizes=None,
           device: str = DEFAULT_DEVICE, progress: Progress | None = None, runner=None,
           jobs: int | None = None, exhaustive: bool = False, scope=None,
-          shard=None) -> CheckResult:
+          shard=None, asynchronous: str | None = None,
+          async_order: Sequence[str] = ASYNC_ORDER) -> CheckResult:
     """Check a gather implementation against the spec in each regime.
 
     target: a callable (importable as module:function), a .py path, 'module:function' or 'impl'.
@@ -73,6 +84,8 @@ def check(target, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_MAX_EX
     first (pcpcheck.search.exhaustive); the result's regimes say how many steps the scope holds.
     shard: (K, N) or 'K/N', part K of the run split N ways (pcpcheck.search.shard), for
     `merge` to join.
+    asynchronous: also check the target's asynchronous protocol, this class ("": the one with
+    start and finish), driven in `async_order` (docs/async.md) in the sharded regime.
     Raises UsageError, LoadError, WorkerError (rank processes failed to start), CheckerError.
     """
     if isinstance(regimes, str):
@@ -80,7 +93,7 @@ def check(target, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAULT_MAX_EX
     options = Options(regimes=tuple(dict.fromkeys(regimes)), max_examples=max_examples,
                       max_ranks=max_ranks, seed=seed, budget_s=budget_s, backend=backend,
                       world_sizes=tuple(world_sizes) if world_sizes else None, device=device,
-                      timeout=timeout, function=function,
+                      timeout=timeout, function=with_protocol(function, asynchronous, async_order),
                       baseline=None if baseline is None else os.fspath(baseline),
                       scope=exhaustive_scope(exhaustive, scope, backend, world_sizes),
                       shard=read_shard(shard))
@@ -176,10 +189,14 @@ def _search_in_drivers(source: str, options: Options, jobs: int, progress: Progr
 # --- one case -----------------------------------------------------------------------------------
 
 def replay_case(target, case, *, function: str | None = None, backend: str = DEFAULT_BACKEND,
-                timeout: float = DEFAULT_TIMEOUT, device: str = DEFAULT_DEVICE, runner=None) -> CheckResult:
+                timeout: float = DEFAULT_TIMEOUT, device: str = DEFAULT_DEVICE, runner=None,
+                asynchronous: str | None = None,
+                async_order: Sequence[str] = ASYNC_ORDER) -> CheckResult:
     """One case (a Case, or its JSON as a counterexample prints it) run once on the target and
     judged: a CheckResult of one regime and one case, with its counterexample if it fails
-    (`pcpcheck check --replay`). runner: an already started backend (torchrun's rank 0)."""
+    (`pcpcheck check --replay`). runner: an already started backend (torchrun's rank 0).
+    asynchronous, async_order: as check's."""
+    function = with_protocol(function, asynchronous, async_order)
     if isinstance(case, str):
         case = read_case(case)
     source = resolve_target(target)

@@ -49,6 +49,7 @@ def run_check(args, runner=None) -> int:
                        shard=args.shard,
                        max_ranks=args.max_ranks, seed=args.seed, budget_s=args.budget,
                        backend=args.backend, baseline=args.baseline, function=args.function,
+                       asynchronous=args.async_protocol, async_order=args.async_order,
                        timeout=args.timeout, world_sizes=args.world_sizes, device=args.device,
                        progress=LinePrinter(), runner=runner, jobs=args.jobs,
                        exhaustive=args.exhaustive, scope=args.scope)
@@ -60,6 +61,7 @@ def run_check(args, runner=None) -> int:
 def _replay(args, runner) -> int:
     """`--replay`: one case (parsed and checked by `parse`), judged; outputs like a search's."""
     result = api.replay_case(args.target, args.replay, function=args.function,
+                             asynchronous=args.async_protocol, async_order=args.async_order,
                              backend=args.backend, timeout=args.timeout, device=args.device,
                              runner=runner)
     print(f"pcpcheck: checking {result.target_name}")

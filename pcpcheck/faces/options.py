@@ -20,7 +20,16 @@ from pcpcheck.shared.defaults import (
 )
 from pcpcheck.shared.errors import UsageError
 from pcpcheck.shared.results import version
-from pcpcheck_spec.names import DEFAULT_REGIMES, HAZARD_REGIMES, REGIMES
+from pcpcheck_spec.names import (
+    ASYNC_ORDER,
+    ASYNC_STEPS,
+    DEFAULT_REGIMES,
+    HAZARD_REGIMES,
+    ORDER_FINISH,
+    ORDER_FINISH_NO_WAIT,
+    ORDER_START,
+    REGIMES,
+)
 
 DESCRIPTION = ("pcpcheck: holds an implementation of vLLM's context-parallel KV-cache gather "
                "to the spec")
@@ -67,6 +76,32 @@ def _add_search(parser: argparse.ArgumentParser, max_examples: int, unit: str) -
                              "to stdout, the report then going to stderr")
     parser.add_argument("--traceback", action="store_true",
                         help="on a failure of pcpcheck itself (exit 3), also print its traceback")
+
+
+def _async_order(text: str) -> tuple[str, ...]:
+    """The caller's steps: start first, then attention, release, reader and one finish (or
+    finish-nowait), each once, in the caller's order."""
+    order = tuple(step.strip() for step in text.split(","))
+    finishes = {ORDER_FINISH, ORDER_FINISH_NO_WAIT}
+    canonical = sorted(ORDER_FINISH if step in finishes else step for step in order)
+    if not order or order[0] != ORDER_START or any(step not in ASYNC_STEPS for step in order) \
+            or canonical != sorted(ASYNC_ORDER):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: start first, then attention, release, reader and finish (or "
+            "finish-nowait), each once, in the caller's order")
+    return order
+
+
+def _add_async(parser: argparse.ArgumentParser) -> None:
+    """An asynchronous replication protocol beside the gather (docs/async.md)."""
+    parser.add_argument("--async", dest="async_protocol", nargs="?", const="", metavar="CLASS",
+                        help="also check the target's asynchronous protocol: CLASS, with start "
+                             "and finish methods (default: the one class that has them), driven "
+                             "as the model runner does on the CPU model of CUDA streams, in the "
+                             "sharded regime")
+    parser.add_argument("--async-order", type=_async_order, default=ASYNC_ORDER, metavar="STEPS",
+                        help="the caller's steps around the protocol, comma-separated (default "
+                             f"{','.join(ASYNC_ORDER)}; finish-nowait calls finish(wait=False))")
 
 
 def _add_reports(parser: argparse.ArgumentParser) -> None:
@@ -171,6 +206,7 @@ def parser() -> argparse.ArgumentParser:
                        help="judge this one case (as printed in a counterexample's replay line)")
     _add_exhaustive(check)
     _add_shard(check)
+    _add_async(check)
     diff = commands.add_parser("diff", help="compare two versions of the gather on the same cases")
     diff.add_argument("old", metavar="OLD", help="the version the search's outcomes are compared "
                                                  "against: a .py file, module:function or impl")

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import shlex
 
+from pcpcheck.judge import race
 from pcpcheck.judge.release_case import ReleaseObservation, capabilities
 from pcpcheck.shared.case import describe
-from pcpcheck.shared.protocol import ReleaseInfo
-from pcpcheck_spec.names import DCP, HAZARD_REGIMES, INCOMPLETE, LAYOUT, NO_ROW
+from pcpcheck.shared.protocol import ReleaseInfo, split_function
+from pcpcheck_spec.names import ASYNC_ORDER, DCP, HAZARD_REGIMES, INCOMPLETE, LAYOUT, NO_ROW
 
 
 def label(value: int) -> str:
@@ -30,8 +31,13 @@ def slots_text(slots) -> str:
 
 def replay_command(source: str, observation, function: str | None = None) -> str:
     words = ["pcpcheck", "check", source]
-    if function:
-        words += ["--function", function]
+    gather, protocol, order = split_function(function)
+    if gather:
+        words += ["--function", gather]
+    if protocol is not None:
+        words += ["--async", protocol] if protocol else ["--async"]
+        if order and order != ASYNC_ORDER:
+            words += ["--async-order", ",".join(order)]
     words += ["--replay", observation.prepared.case.to_json()]
     return shlex.join(words)
 
@@ -90,6 +96,12 @@ def call_text(observation, target=None) -> str:
     """What the target (its TargetInfo) was called with on every rank (inputs listed below)."""
     name = getattr(target, "function_name", "") or "gather"
     shard = observation.prepared.shard
+    protocol = getattr(target, "protocol", "")
+    if protocol and shard:
+        return (f"{protocol}.start(tensors, slot_mapping, nd, tokens_per_rank, "
+                f"decode_tokens_per_rank, update_cache), the caller's steps "
+                f"{' -> '.join(target.async_order)}; where start answers False, "
+                f"{name}(tensors, slot_mapping, nd, shard_decode_requests=True)")
     if target is None or target.accepts_shard:
         return f"{name}(tensors, slot_mapping, nd, shard_decode_requests={shard})"
     note = "; the layout deals decodes round-robin, the flag could not be passed" if shard else ""
@@ -143,6 +155,8 @@ def counterexample(observation, regime: str, source: str,
         diffs = cache_diff(observation, rank)
         if diffs:
             lines.append("          cache diff: " + "; ".join(diffs))
+    if first.invariant in race.ASYNC_IDS:
+        lines += race.report_lines(observation, first.invariant, first.ranks[0])
     lines.append("  replay: " + replay_command(source, observation, function))
     return "\n".join(lines)
 

@@ -34,6 +34,7 @@ class RankView:
     inputs_after: list[bytes] = field(default_factory=list)
     seconds: float = 0.0  # how long the call ran
     lost: str | None = None  # "hung" or "died": it never reported (its worker was retired)
+    streams: list[tuple] | None = None  # an asynchronous step's stream trace, if it returned
 
     @property
     def mutated(self) -> list[str]:
@@ -125,6 +126,8 @@ def observe(prepared: Prepared, rank: int, result) -> RankView:
             except Exception as exc:  # noqa: BLE001 - a hostile return (odd layout, ...)
                 view.rows, view.slots = [], []
                 view.error = f"returned tensors pcpcheck cannot read: {type(exc).__name__}: {exc}"[:300]
+    if view.returned:
+        view.streams = getattr(result, "streams", None)
     if not view.rows:
         view.rows = [[] for _ in specs]
     view.caches = written(prepared, view.rows, view.slots)

@@ -68,6 +68,11 @@ class Prepared:
     def size(self) -> int:
         return self.case.batch.pcp_size
 
+    @property
+    def real_rows(self) -> list[int]:
+        """Per rank, its real rows (a prefix of its rows: sem section 2)."""
+        return [int((np.asarray(tokens) >= 0).sum()) for tokens in self.tokens]
+
     def input_bytes(self, rank: int) -> list[bytes]:
         """A rank's pristine inputs as bytes, each tensor's then the slot map's: what is sent to
         its worker and what NO_MUTATION compares with (an input reported unchanged is these)."""

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from pcpcheck.judge.observe import RankView
 from pcpcheck.judge.prepare import Prepared
+from pcpcheck_spec.names import READER_ATTENTION, READER_NEXT
 from pcpcheck_spec.registry import Step, evaluate
 
 
@@ -29,11 +32,27 @@ class Observation:
         """A rank hung or died: running the case again costs a timeout or a worker."""
         return any(view.lost for view in self.ranks)
 
+def readers(prepared: Prepared) -> list[dict[int, list[int]]]:
+    """Per rank, the slots each reader of an asynchronous step reads (spec.names): the layer's
+    attention every slot the rank holds but its peers' decode rows (those arrive on the side
+    stream, joined by finish), the next reader the complete replica."""
+    peers_decodes = [set(np.asarray(tokens[:nd]).tolist())
+                     for tokens, nd in zip(prepared.tokens, prepared.nds)]
+    out = []
+    for rank, expected in enumerate(prepared.expected):
+        others = set().union(*(decodes for peer, decodes in enumerate(peers_decodes) if peer != rank))
+        out.append({READER_ATTENTION: sorted(slot for slot, token in expected.items()
+                                             if token not in others),
+                    READER_NEXT: sorted(expected)})
+    return out
+
+
 def judge(prepared: Prepared, views: list[RankView], regime: str | None = None
           ) -> tuple[list[Violation], tuple[str, ...]]:
     """Evaluate every predicate of spec.registry that applies in `regime` (default: the case's);
     violations in priority order, and the IDs whose predicate actually ran on this case."""
     step = Step(views, prepared.expected, prepared.labels[prepared.labels >= 0].tolist(),
-                len(prepared.case.tensors))
+                len(prepared.case.tensors),
+                readers(prepared) if any(view.streams is not None for view in views) else [])
     failed, ran = evaluate(step, regime or prepared.case.batch.regime)
     return [Violation(i, ranks) for i, ranks in failed.items()], ran

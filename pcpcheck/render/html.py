@@ -12,11 +12,11 @@ from __future__ import annotations
 import html
 import os
 
+from pcpcheck.judge import race
 from pcpcheck.judge.explain import label
-from pcpcheck.render.report import cell, coverage_rows
+from pcpcheck.render.report import cell, checked_ids, coverage_rows
 from pcpcheck.shared.case import describe
 from pcpcheck.shared.results import Counterexample
-from pcpcheck_spec.registry import GATHER_IDS, RELEASE_IDS
 
 BANNER = "#c8102e"  # the violated invariant's banner: tests look for this colour in a screenshot
 
@@ -44,6 +44,13 @@ td.unexpected {{ outline: 3px dotted #7b2cbf; }}
 pre {{ background: #f7f7f7; padding: 8px; font-size: 12px; white-space: pre-wrap; }}
 .rank {{ margin-bottom: 14px; }}
 .note {{ font-size: 13px; color: #444; }}
+table.streams {{ border-collapse: collapse; font-family: monospace; font-size: 12px; }}
+table.streams th {{ background: #eee; padding: 4px 10px; text-align: left; }}
+table.streams td {{ padding: 2px 10px; border-left: 2px solid #ddd; min-width: 260px; }}
+table.streams td.host {{ color: #666; font-style: italic; text-align: center; }}
+table.streams td.first, span.first {{ background: #fde2b8; outline: 3px solid #e07000; }}
+table.streams td.second, span.second {{ background: #f8d0d6; outline: 3px solid {BANNER}; }}
+.edge {{ color: {BANNER}; font-weight: bold; }}
 """
 
 
@@ -126,9 +133,44 @@ def counterexample_page(counterexample, target: str) -> str:
             f"{v.invariant} on {list(v.ranks)}" for v in others) + "</p>")
     observation = counterexample.observation
     if observation is not None:
+        if counterexample.invariant in race.ASYNC_IDS:
+            body.append(_streams(observation, counterexample.invariant, counterexample.ranks[0]))
         body.append(_grids(observation))
     body.append("<h2>Report</h2><pre>" + html.escape(counterexample.report) + "</pre>")
     return _page(title, "".join(body))
+
+
+def _streams(observation, invariant: str, rank: int) -> str:
+    """A rank's stream trace, one column per stream, the two entries of the race marked and
+    the missing edge said (pcpcheck.judge.race: what the predicate found)."""
+    view = observation.ranks[rank]
+    if view.streams is None:
+        return ""
+    from pcpcheck.judge.verdict import readers
+    trace = view.streams
+    num_inputs = len(observation.prepared.case.tensors) + 1
+    found = race.find(invariant, trace, readers(observation.prepared)[rank], num_inputs)
+    if found is None:
+        return ""
+    order = sorted({entry[1] for entry in trace if entry[1] >= 0})
+    rows = []
+    for line in race.lines(trace, found, num_inputs):
+        span = f"#{line.first}" if line.first == line.last else f"#{line.first}-{line.last}"
+        text = html.escape(f"{span} {line.text} [{line.phase}]")
+        if line.stream < 0:
+            rows.append(f'<tr><td class="host" colspan="{len(order)}">host: {text}</td></tr>')
+            continue
+        cells = "".join(f'<td class="{line.mark}" id="entry-{line.first}">{text}</td>'
+                        if stream == line.stream else "<td></td>" for stream in order)
+        rows.append(f"<tr>{cells}</tr>")
+    head = "".join(f"<th>{html.escape(race.stream_name(stream))}</th>" for stream in order)
+    edge = race.missing_edge(found, trace)
+    return (f"<h2>Streams of rank {rank}</h2>"
+            f'<p class="note">{html.escape(found.why)}</p>'
+            + (f'<p class="edge" id="missing-edge">{html.escape(edge)}</p>' if edge else "")
+            + '<p class="note"><span class="first">orange</span>: the access that must come '
+              'first; <span class="second">red</span>: the one not ordered after it</p>'
+            f'<table class="streams" id="streams"><tr>{head}</tr>{"".join(rows)}</table>')
 
 
 def _grids(observation) -> str:
@@ -179,7 +221,7 @@ def index_page(result, pages: list[tuple[str, Counterexample]]) -> str:
         body.append("</ul>")
     header = "".join(f"<th>{html.escape(s.regime)}</th>" for s in result.regimes)
     rows = []
-    for invariant in RELEASE_IDS if result.release is not None else GATHER_IDS:
+    for invariant in checked_ids(result):
         cells = []
         for summary in result.regimes:
             count = summary.count(invariant)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from pcpcheck_spec.registry import GATHER_IDS, RELEASE_IDS
+from pcpcheck.render.report import checked_ids
 
 
 def skip_reason(result, summary, invariant: str, state: str) -> str:
@@ -24,7 +24,7 @@ def junit_xml(result) -> str:
     suite = ET.Element("testsuite", name="pcpcheck", hostname="", timestamp="")
     counts = {"tests": 0, "failures": 0, "skipped": 0}
     for summary in result.regimes:
-        for invariant in RELEASE_IDS if result.release is not None else GATHER_IDS:
+        for invariant in checked_ids(result):
             state, counterexample = result.outcome(summary.regime, invariant)
             case = ET.SubElement(suite, "testcase", classname=f"pcpcheck.{summary.regime}",
                                  name=invariant, time=f"{summary.seconds:.3f}")

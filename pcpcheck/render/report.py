@@ -11,9 +11,9 @@ from pcpcheck.api.assemble import SAME_CHECK
 from pcpcheck.judge import coverage
 from pcpcheck.judge.explain import LEGEND
 from pcpcheck.search.scope import parse_scope
-from pcpcheck.shared.protocol import STAGES
+from pcpcheck.shared.protocol import STAGES, split_function
 from pcpcheck_spec.names import DCP, HAZARD_REGIMES
-from pcpcheck_spec.registry import GATHER_IDS, RELEASE_IDS
+from pcpcheck_spec.registry import ASYNC_IDS, GATHER_IDS, RELEASE_IDS
 
 
 def folded_line(names: list[str]) -> str | None:
@@ -120,10 +120,19 @@ def verdict_words(result) -> str:
     return words
 
 
+def checked_ids(result) -> tuple[str, ...]:
+    """The invariants a result's checker evaluates: a release's, else a gather's (and with
+    `--async`, the asynchronous protocol's)."""
+    if result.release is not None:
+        return RELEASE_IDS
+    asynchronous = split_function(result.options.function)[1] is not None
+    return GATHER_IDS + ASYNC_IDS if asynchronous else GATHER_IDS
+
+
 def result_text(result) -> str:
     """The whole report of a CheckResult as `pcpcheck check` and `pcpcheck vllm` print it: the
     verdict table, each shown counterexample, and the summary lines."""
-    ids = RELEASE_IDS if result.release is not None else GATHER_IDS
+    ids = checked_ids(result)
     lines = ["", *verdict_table(result.regimes, ids)]
     covered = coverage_table(result.regimes)
     if covered:

@@ -6,10 +6,9 @@ short, and the first line of each shown counterexample."""
 
 from __future__ import annotations
 
-from pcpcheck.render.report import cell, exhaustive_line, verdict_words
+from pcpcheck.render.report import cell, checked_ids, exhaustive_line, verdict_words
 from pcpcheck.shared.results import unreached
 from pcpcheck_spec.names import HAZARD_REGIMES
-from pcpcheck_spec.registry import GATHER_IDS, RELEASE_IDS
 
 _MARK = {"failed": " **new**", "known": " (known)", "passed": "", "n/a": ""}
 
@@ -19,7 +18,7 @@ def _escape(text: str) -> str:
 
 
 def summary_markdown(result) -> str:
-    ids = RELEASE_IDS if result.release is not None else GATHER_IDS
+    ids = checked_ids(result)
     record = result.release
     checked = (f"vLLM {record.release} ({record.kind} {record.location})" if record is not None
                else result.target_name)

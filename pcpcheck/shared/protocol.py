@@ -71,6 +71,8 @@ class TargetInfo:
     stand_ins: tuple[str, ...]
     accepts_shard: bool
     function_name: str
+    protocol: str = ""  # `--async`: the protocol class the worker found ("" for none)
+    async_order: tuple[str, ...] = ()  # the caller's steps it drives it through
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +107,8 @@ class PreparedCase(Protocol):
     def shard(self) -> bool: ...
     @property
     def nds(self) -> list[int]: ...
+    @property
+    def real_rows(self) -> list[int]: ...
     def input_bytes(self, rank: int) -> list[bytes]: ...
 
 
@@ -115,6 +119,7 @@ class Outcome(Protocol):
     error: str | None
     error_detail: str | None
     trace: list[tuple[Any, ...]]  # (op, dim, shape, dtype) per collective
+    streams: list[tuple[Any, ...]] | None  # an asynchronous step's stream trace
 
 
 # A hosted rank's inputs as rank_inputs builds them: (tensors, slot_mapping, nd, sent).
@@ -139,6 +144,7 @@ class RankResult:
     seconds: float = 0.0  # how long the rank's call ran (its own running time, as timed)
     lost: str | None = None  # "hung" or "died": the rank never reported; its worker was retired
     group1: RankResult | None = None  # a release's rank: its call for the replicated KV group
+    streams: list[tuple[Any, ...]] | None = None  # an asynchronous step's stream trace
 
 
 @dataclass(kw_only=True)
@@ -223,6 +229,25 @@ class LoadRequest:
         return self.source, self.function
 
 
+# An asynchronous protocol travels inside the function a load names:
+# "FUNCTION@async=CLASS/ORDER" (CLASS empty: the one class of the module with start and finish;
+# ORDER: the caller's steps, comma-separated). One string keeps it in the key every case names.
+ASYNC_MARK = "@async="
+
+
+def async_function(function: str | None, protocol: str, order: Sequence[str]) -> str:
+    return f"{function or ''}{ASYNC_MARK}{protocol}/{','.join(order)}"
+
+
+def split_function(function: str | None) -> tuple[str | None, str | None, tuple[str, ...]]:
+    """(the gather function or None, the protocol class or None ("" to find it), the order)."""
+    if not function or ASYNC_MARK not in function:
+        return function or None, None, ()
+    gather, _, rest = function.partition(ASYNC_MARK)
+    protocol, _, order = rest.partition("/")
+    return gather or None, protocol, tuple(step for step in order.split(",") if step)
+
+
 def load_request(target_source: str, function: str | None, copies: int) -> wire.Header:
     return {"op": LOAD, "source": target_source, "function": function or "", "copies": copies}
 
@@ -232,10 +257,12 @@ def read_load(header: wire.Header) -> LoadRequest:
 
 
 def loaded_reply(*, name: str, stand_ins: Iterable[str], accepts_shard: bool, function_name: str,
-                 release: dict[str, Any] | None = None) -> wire.Header:
+                 release: dict[str, Any] | None = None, protocol: str = "",
+                 async_order: Sequence[str] = ()) -> wire.Header:
     """The target loaded, described in plain data (a release: `release`, ReleaseInfo's)."""
     reply: wire.Header = {"op": LOADED, "name": name, "stand_ins": list(stand_ins),
-                          "accepts_shard": accepts_shard, "function_name": function_name}
+                          "accepts_shard": accepts_shard, "function_name": function_name,
+                          "protocol": protocol, "async_order": list(async_order)}
     if release is not None:
         reply["release"] = release
     return reply
@@ -253,6 +280,8 @@ def target_info(source: str, function: str | None, header: wire.Header) -> Targe
     if operation(header) != LOADED:
         raise LoadError(f"{source}: the worker answered {operation(header)[:50]!r} to loading")
     fields: dict[str, Any] = dict(source=source, function=function, name=str(header["name"]),
+                                  protocol=str(header.get("protocol") or ""),
+                                  async_order=tuple(map(str, header.get("async_order") or ())),
                                   stand_ins=tuple(map(str, header["stand_ins"])),
                                   accepts_shard=bool(header["accepts_shard"]),
                                   function_name=str(header["function_name"]))
@@ -280,6 +309,9 @@ def case_request(prepared: PreparedCase | ReleaseStep, target: TargetInfo, ranks
               "size": prepared.size, "shard": prepared.shard,
               "tensors": [[str(spec.torch_dtype), list(spec.trailing)] for spec in prepared.case.tensors],
               "nds": [prepared.nds[rank] for rank in ranks]}
+    if target.protocol and prepared.shard:  # the protocol's per-rank counts; a graph's capture
+        header["counts"] = [[count, nd] for count, nd in zip(prepared.real_rows, prepared.nds)]
+        header["capturing"] = prepared.case.batch.graph_size > 0
     blobs = [content for rank in ranks for content in prepared.input_bytes(rank)]
     return header, blobs
 
@@ -391,8 +423,11 @@ def encode_rank(rank: int, outcome: Outcome, inputs: RankInputs, output: str, bl
     """One rank's result (a pcpcheck.worker.runner.RankOutcome) as plain data, tensors' bytes
     appended to blobs. `inputs`: (tensors, slot_mapping, ...) the call was given; `sent`: each as
     rank_inputs built it (wire.SentTensor), else None (each is read back whole)."""
-    return _encode_call(rank, outcome.value, outcome.error, outcome.error_detail, outcome.trace,
-                        inputs, output, blobs, sent)
+    result = _encode_call(rank, outcome.value, outcome.error, outcome.error_detail, outcome.trace,
+                          inputs, output, blobs, sent)
+    if outcome.streams is not None:
+        result["streams"] = [list(entry) for entry in outcome.streams]
+    return result
 
 
 def _encode_call(rank: int, value: object, error: str | None, error_detail: str | None,
@@ -475,7 +510,27 @@ def _decode_call(result: wire.Header, blobs: list[bytes]) -> RankResult:
             rank.value = wire.decode_value(result.get("value"), blobs)
     except (ValueError, TypeError, KeyError, IndexError, RuntimeError) as exc:
         rank.error = f"returned tensors pcpcheck cannot read: {type(exc).__name__}: {exc}"[:300]
+    if result.get("streams") is not None:
+        rank.streams = _stream_trace(result["streams"])
+        if rank.streams is None:
+            rank.error = rank.error or "reported a stream trace pcpcheck cannot read"
     return rank
+
+
+_STREAM_ENTRY = (str, int, str, int, str)
+
+
+def _stream_trace(entries: object) -> list[tuple[Any, ...]] | None:
+    """A worker's stream trace, if it is one: entries (op, stream, object, index, phase)."""
+    if not isinstance(entries, list):
+        return None
+    trace = []
+    for entry in entries:
+        if not isinstance(entry, list) or len(entry) != len(_STREAM_ENTRY) or not all(
+                type(item) is kind for item, kind in zip(entry, _STREAM_ENTRY)):
+            return None
+        trace.append(tuple(entry))
+    return trace
 
 
 def lost_rank(reason: str, output: str = "", lost: str = "hung") -> RankResult:

@@ -51,7 +51,9 @@ class GatherHost:
         first = copies[0]
         return cls(copies, worker), protocol.loaded_reply(
             name=first.name, stand_ins=first.stand_ins, accepts_shard=first.accepts_shard,
-            function_name=first.function_name)
+            function_name=first.function_name,
+            protocol=first.protocol.__name__ if first.protocol is not None else "",
+            async_order=first.async_order)
 
     def run(self, case: protocol.CaseRequest) -> tuple[list[dict], list]:
         if self.worker.adapter is None:
@@ -64,17 +66,44 @@ class GatherHost:
         worker = self.worker
         inputs = [protocol.rank_inputs(case, rank, worker.device) for rank in range(case.size)]
         ranges: list[list] = [[] for _ in range(case.size)]
+        streams: list[list | None] = [None] * case.size
 
         def call(rank: int):
             tensors, slots, nd, _ = inputs[rank]
-            return self.copies[rank].call(tensors, slots, nd, case.shard, group=current_group())
+            return self._call(rank, case, tensors, slots, nd, current_group(), streams)
 
-        outcomes = worker.threads.run(case.size, call, worker.on_switch(ranges))
+        with self._streams_modelled(case):
+            outcomes = worker.threads.run(case.size, call, worker.on_switch(ranges))
         blobs: list = []
-        results = [protocol.encode_rank(rank, outcomes[rank], inputs[rank],
-                                        worker.capture.text(ranges[rank]), blobs,
-                                        sent=inputs[rank][3]) for rank in range(case.size)]
+        results = []
+        for rank in range(case.size):
+            outcomes[rank].streams = streams[rank]
+            results.append(protocol.encode_rank(rank, outcomes[rank], inputs[rank],
+                                                worker.capture.text(ranges[rank]), blobs,
+                                                sent=inputs[rank][3]))
         return results, blobs
+
+    def _asynchronous(self, case: protocol.CaseRequest) -> bool:
+        """The step runs the target's asynchronous protocol: it has one, and decodes are sharded."""
+        return self.copies[0].protocol is not None and case.shard
+
+    def _streams_modelled(self, case: protocol.CaseRequest):
+        import contextlib
+
+        from pcpcheck.worker import cuda_model
+        return cuda_model.installed() if self._asynchronous(case) else contextlib.nullcontext()
+
+    def _call(self, slot: int, case: protocol.CaseRequest, tensors, slots, nd, group,
+              streams: list) -> object:
+        """The hosted rank's call: the gather, or the step through the asynchronous protocol
+        (its stream trace into streams[slot])."""
+        copy = self.copies[slot]
+        if not self._asynchronous(case):
+            return copy.call(tensors, slots, nd, case.shard, group=group)
+        from pcpcheck.worker import async_step
+        value, streams[slot] = async_step.run_step(copy, tensors, slots, nd, case.header["counts"],
+                                              bool(case.header.get("capturing")), group)
+        return value
 
     def _one_rank(self, case: protocol.CaseRequest) -> tuple[list[dict], list]:
         """This process's rank of a torch.distributed group (its CheckedGroup keeps the ranks'
@@ -90,10 +119,13 @@ class GatherHost:
 
         group = CheckedGroup(worker.adapter, worker.device, outcome.trace, on_wait, worker.count,
                              worker.poisoned)
+        streams: list[list | None] = [None]
         worker.status.switch(rank, RUNNING)
         try:
-            outcome.value = self.copies[0].call(inputs[0], inputs[1], inputs[2], case.shard,
-                                                group=group)
+            with self._streams_modelled(case):
+                outcome.value = self._call(0, case, inputs[0], inputs[1], inputs[2], group,
+                                           streams)
+            outcome.streams = streams[0]
         except CollectiveAborted:
             pass  # recorded in the trace
         except BaseException as exc:  # noqa: BLE001 - a target may raise anything, even SystemExit

@@ -67,6 +67,9 @@ class Target:
     source: str = ""
     function_name: str = ""
     shard_positional: bool = False  # shard_decode_requests is positional-only (rare)
+    # `--async`: the protocol class beside the gather (start/finish), and the caller's order
+    protocol: type | None = None
+    async_order: tuple[str, ...] = ()
 
     def call(self, tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False, group=None):
         """Call the target with the parameters it accepts. With a group, it is also bound as the
@@ -168,10 +171,37 @@ def _pick_function(module: types.ModuleType, function: str | None, label: str) -
     raise LoadError(f"{label}: no function {wanted}; callables found: {listing}")
 
 
+def _pick_protocol(module: types.ModuleType, name: str, label: str) -> type:
+    """The asynchronous protocol class: `name`, else the module's one class with callable start
+    and finish (classes it imports from vllm are stand-ins, never candidates)."""
+    def shaped(value) -> bool:
+        return (isinstance(value, type) and not isinstance(value, Inert)
+                and callable(getattr(value, "start", None)) and callable(getattr(value, "finish", None)))
+    if name:
+        value = module.__dict__.get(name)
+        if value is None:
+            raise LoadError(f"{label}: no class {name} (--async names the protocol class)")
+        if not shaped(value):
+            raise LoadError(f"{label}: {name} is not a class with start and finish methods")
+        return value
+    found = sorted(key for key, value in module.__dict__.items() if shaped(value))
+    if len(found) != 1:
+        which = ", ".join(found) if found else "none"
+        raise LoadError(f"{label}: --async needs one class with start and finish methods, found "
+                        f"{which}: name it with --async CLASS")
+    return module.__dict__[found[0]]
+
+
 def make_target(module, function, label, source, space, name_prefix) -> Target:
+    from pcpcheck.shared.protocol import split_function
+    from pcpcheck_spec.names import ASYNC_ORDER
+    function, protocol_name, order = split_function(function)
     fn_name, fn = _pick_function(module, function, label)
     accepts_shard, accepts_group, shard_positional = _signature_flags(fn)
+    protocol = None if protocol_name is None else _pick_protocol(module, protocol_name, label)
     return Target(
+        protocol=protocol,
+        async_order=(order or ASYNC_ORDER) if protocol is not None else (),
         name=f"{name_prefix}:{fn_name}",
         function=fn,
         accepts_shard=accepts_shard,
@@ -280,6 +310,8 @@ def exec_release_file(source: Source, relpath: str, space: StandInSpace) -> type
 
 
 def _load_module(spec_text: str, function: str | None) -> Target:
+    from pcpcheck.shared.protocol import async_function, split_function
+    function, protocol, order = split_function(function)
     module_name, sep, fn_part = spec_text.partition(":")
     if sep and function and fn_part and fn_part != function:
         raise LoadError(f"{spec_text}: names function {fn_part!r} but function={function!r} was given")
@@ -323,7 +355,8 @@ def _load_module(spec_text: str, function: str | None) -> Target:
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - a target's import may raise anything: a LoadError names it
             raise _import_failure(exc, filename, module_name) from None
     source = f"{module_name}:{function}" if function else module_name
-    target = make_target(module, function, module_name, source, space, module_name)
+    picked = function if protocol is None else async_function(function, protocol, order)
+    target = make_target(module, picked, module_name, source, space, module_name)
     target.source = f"{module_name}:{target.function_name}"
     return target
 

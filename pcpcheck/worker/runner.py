@@ -37,6 +37,7 @@ class RankOutcome:
     error: str | None = None  # the target's own exception, as one line
     error_detail: str | None = None  # its traceback, for reports
     trace: list[tuple] = field(default_factory=list)  # (op, dim, shape, dtype) per collective
+    streams: list[tuple] | None = None  # an asynchronous step's stream trace (spec/streams.py)
 
     def record_error(self, exc: BaseException) -> None:
         """The target raised: keep one line for the verdict and the traceback's tail."""

@@ -146,7 +146,28 @@ def _round_down(x, y):
     return (x // y) * y
 
 
+class _Platform:
+    """vLLM's `current_platform` as an asynchronous protocol asks it: inside a rank's step on
+    the CPU model of CUDA streams (pcpcheck.worker.cuda_model) `is_cuda()` and
+    `is_cuda_alike()` answer True; outside one, and for every other name, it is an inert."""
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        if name in ("is_cuda", "is_cuda_alike"):
+            return lambda: _platform_answer(name)
+        return Inert(f"vllm.platforms.current_platform.{name}", None)
+
+
+def _platform_answer(name: str):
+    from pcpcheck.worker import cuda_model
+    if cuda_model.modelled():
+        return True
+    return Inert(f"vllm.platforms.current_platform.{name}()", None)
+
+
 _BINDINGS: dict[str, Any] = {
+    "current_platform": _Platform(),
     "get_pcp_group": rankctx.current_group,
     "PAD_SLOT_ID": PAD_SLOT_ID,
     "init_logger": logging.getLogger,

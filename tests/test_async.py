@@ -1,0 +1,145 @@
+"""Asynchronous replication (bug class 16; SPEC.md "Asynchronous replication"): the CPU model
+of CUDA streams (pcpcheck.worker.cuda_model), the model runner's drive
+(pcpcheck.worker.async_step) and the four ASYNC_* invariants.
+
+A correct protocol holds (impl's, and tests/zoo/async_fork.py's written the way a fork writes
+it); each mutant of the issue's list fails with its own invariant, and with nothing else: every
+cache a mutant writes is right, on CPU, so only the stream trace can tell. With the
+happens-before relation made to order everything (the race detector off), every mutant passes:
+the verdicts are the detector's. The gloo backend: tests/test_procs.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pcpcheck.api import check, replay_case
+from pcpcheck.shared.case import Case
+from pcpcheck_spec.names import (
+    ASYNC_FALLBACK,
+    ASYNC_INPUT,
+    ASYNC_LIFETIME,
+    ASYNC_READ,
+    HOST,
+    SHARDED,
+    STARTED,
+)
+
+FORK = Path(__file__).resolve().parent / "zoo" / "async_fork.py"
+EXAMPLES = 120
+
+# (protocol class of tests/zoo/async_fork.py, the caller's order or None, the invariant)
+MUTANTS = [
+    ("NoReadyWait", None, ASYNC_INPUT),  # the side stream's wait for the ready event dropped
+    ("PCPAsyncCacheUpdate", "start,attention,release,finish-nowait,reader", ASYNC_READ),
+    ("PCPAsyncCacheUpdate", "start,attention,release,reader,finish", ASYNC_READ),  # reader between
+    ("NoRecordStream", None, ASYNC_LIFETIME),
+    ("StartsWhileCapturing", None, ASYNC_FALLBACK),
+]
+
+
+def _check(threads_backend, protocol: str | None, order: str | None = None, target=FORK,
+           regimes=(SHARDED,), examples: int = EXAMPLES):
+    kwargs = {} if order is None else {"async_order": order.split(",")}
+    return check(str(target), regimes=regimes, max_examples=examples, runner=threads_backend,
+                 asynchronous=protocol, **kwargs)
+
+
+@pytest.mark.parametrize("target, protocol", [("impl", ""), (FORK, "PCPAsyncCacheUpdate")])
+def test_a_correct_protocol_holds(threads_backend, target, protocol):
+    result = _check(threads_backend, protocol, target=target)
+    assert result.holds, result.counterexamples[0].report if result.counterexamples else ""
+    sharded = result.regimes[0]
+    for invariant in (ASYNC_FALLBACK, ASYNC_INPUT, ASYNC_READ, ASYNC_LIFETIME):
+        assert sharded.checked[invariant] == sharded.cases  # the predicates ran on every case
+
+
+@pytest.mark.parametrize("protocol, order, invariant", MUTANTS,
+                         ids=[f"{p}-{o or 'default'}" for p, o, _ in MUTANTS])
+def test_each_mutant_fails_with_its_invariant_alone(threads_backend, protocol, order, invariant):
+    result = _check(threads_backend, protocol, order)
+    violated = {v.invariant for c in result.counterexamples for v in c.violations}
+    assert violated == {invariant}, [c.report for c in result.counterexamples]
+    report = result.counterexamples[0].report
+    assert f"streams of rank {result.counterexamples[0].ranks[0]} ({invariant})" in report
+    assert "main stream" in report and ("side stream 1" in report or invariant == ASYNC_FALLBACK)
+
+
+@pytest.mark.parametrize("protocol, order, invariant", MUTANTS,
+                         ids=[f"{p}-{o or 'default'}" for p, o, _ in MUTANTS])
+def test_without_the_race_detector_every_mutant_passes(threads_backend, monkeypatch, protocol,
+                                                       order, invariant):
+    """What catches a mutant is the happens-before relation: made to order every pair, no
+    verdict is left (ASYNC_FALLBACK aside, which reads start's answer, not an order)."""
+    from pcpcheck_spec import streams
+    monkeypatch.setattr(streams, "ordered", lambda *args: True)
+    result = _check(threads_backend, protocol, order, examples=40)
+    assert result.holds == (invariant != ASYNC_FALLBACK)
+
+
+def test_the_async_path_keeps_every_other_regime_synchronous(threads_backend):
+    """Only sharded steps take the protocol; the other regimes' verdicts are the gather's."""
+    result = _check(threads_backend, "", target="impl",
+                    regimes=("replicated", "dcp", "draft"), examples=40)
+    assert result.holds
+    for regime in result.regimes:
+        assert regime.checked.get(ASYNC_READ, 0) == 0
+
+
+# P = 2, a 2-token prefill, CUDA-graph padding: the model runner is capturing, start must fall back.
+CAPTURED = ('{"batch":{"regime":"sharded","pcp_size":2,"requests":[{"num_tokens":2,'
+            '"prefilling":true,"context_len":0,"blocks":[0,1]}],"block_size":1,"interleave":1,'
+            '"graph_size":2,"dp_pad":0,"pad_slot_map":false,"num_decode_tokens":null},'
+            '"tensors":[{"trailing":[4],"dtype":"float32"}]}')
+
+
+@pytest.mark.parametrize("target, protocol", [("impl", ""), (FORK, "PCPAsyncCacheUpdate")])
+def test_under_a_graph_capture_start_falls_back_and_the_gather_writes_the_replica(
+        threads_backend, target, protocol):
+    result = replay_case(str(target), CAPTURED, runner=threads_backend, asynchronous=protocol)
+    assert result.holds
+    observation = result.counterexamples and result.counterexamples[0].observation
+    assert not observation
+    # the fallback ran: every rank's trace says start answered False (seen through a mutant that
+    # does not, on the same case)
+    failed = replay_case(str(FORK), CAPTURED, runner=threads_backend,
+                         asynchronous="StartsWhileCapturing")
+    assert [v.invariant for v in failed.counterexamples[0].violations] == [ASYNC_FALLBACK]
+    traces = [view.streams for view in failed.counterexamples[0].observation.ranks]
+    assert all((STARTED, HOST) == entry[:2] and entry[3] == 1
+               for trace in traces for entry in trace if entry[0] == STARTED)
+
+
+def test_the_report_replays_the_protocol(threads_backend, capsys):
+    """The replay line names --async and a caller's order other than the default."""
+    result = _check(threads_backend, "PCPAsyncCacheUpdate",
+                    "start,attention,release,finish-nowait,reader")
+    replay = result.counterexamples[0].replay
+    assert "--async PCPAsyncCacheUpdate --async-order start,attention,release,finish-nowait,reader" in replay
+    case = Case.from_json(result.counterexamples[0].case)
+    again = replay_case(str(FORK), case, runner=threads_backend, asynchronous="PCPAsyncCacheUpdate",
+                        async_order=("start", "attention", "release", "finish-nowait", "reader"))
+    assert [v.invariant for v in again.counterexamples[0].violations] == [ASYNC_READ]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--async", "Nope"], "no class Nope"),
+    (["--async", "_runs"], "_runs is not a class with start and finish"),
+    (["--async", "PCPAsyncCacheUpdate", "--async-order", "attention,start,release,finish,reader"],
+     "start first"),
+    (["--async", "PCPAsyncCacheUpdate", "--async-order", "start,attention,finish,reader"],
+     "start first"),
+])
+def test_bad_async_options_name_the_problem(argv, message, capsys):
+    from pcpcheck.faces import cli
+    assert cli.main(["check", str(FORK), "--regime", "sharded", "--max-examples", "1", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_several_protocol_classes_need_a_name(capsys):
+    from pcpcheck.faces import cli
+    assert cli.main(["check", str(FORK), "--async", "--max-examples", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "found NoReadyWait, NoRecordStream, PCPAsyncCacheUpdate, StartsWhileCapturing" in err
