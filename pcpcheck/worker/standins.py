@@ -34,7 +34,9 @@ run stops with exit 2, never a verdict built on a value pcpcheck made up.
 Name resolution inside the space: a name listed in `_BINDINGS` gets a working stand-in wherever it
 is looked up (any vllm module, or an attribute of an inert): `get_pcp_group` is
 `pcpcheck.worker.rankctx.current_group` (the calling rank's group), `PAD_SLOT_ID` is -1, `init_logger`
-gives a `logging` logger, `cdiv`/`round_up`/`round_down` are the arithmetic helpers, TP-group
+gives a `logging` logger, `current_platform.is_cuda()` answers True inside an asynchronous step
+(pcpcheck.worker.cuda_model) and is an inert elsewhere, `cdiv`/`round_up`/`round_down` are the
+arithmetic helpers, TP-group
 queries describe a single TP rank (pcpcheck models TP = 1). `get_dcp_group` is left inert: the
 DCP size depends on the case's regime, which the loader does not know. Every other name is an
 `Inert`: callable (returns an inert, or its single function/class argument unchanged, so
