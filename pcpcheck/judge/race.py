@@ -33,8 +33,7 @@ from pcpcheck_spec.names import (
     WAIT,
     WRITE,
 )
-
-ASYNC_IDS = (ASYNC_FALLBACK, ASYNC_INPUT, ASYNC_READ, ASYNC_LIFETIME)
+from pcpcheck_spec.registry import ASYNC_IDS as ASYNC_IDS  # re-exported: explain and html ask it
 
 
 @dataclass(frozen=True)
@@ -149,6 +148,11 @@ class Line:
     phase: str
     mark: str  # "first", "second" or ""
 
+    @property
+    def label(self) -> str:
+        span = f"#{self.first}" if self.first == self.last else f"#{self.first}-{self.last}"
+        return f"{span} {self.text} [{self.phase}]"
+
 
 def lines(trace: list[tuple], race: Race | None, num_inputs: int) -> list[Line]:
     """The trace in display lines: consecutive slot writes of one stream and phase folded."""
@@ -175,9 +179,8 @@ def columns_text(trace: list[tuple], race: Race | None, num_inputs: int, width: 
     head = " | ".join(f"{stream_name(stream):<{width}}" for stream in order)
     out = ["      " + head.rstrip(), "      " + "-+-".join("-" * width for _ in order)]
     for line in lines(trace, race, num_inputs):
-        span = f"#{line.first}" if line.first == line.last else f"#{line.first}-{line.last}"
         marker = {"first": "  <<", "second": "  >>"}.get(line.mark, "")
-        cell = f"{span} {line.text} [{line.phase}]{marker}"
+        cell = f"{line.label}{marker}"
         if line.stream == HOST:
             out.append(f"      host: {cell}")
             continue
@@ -186,25 +189,26 @@ def columns_text(trace: list[tuple], race: Race | None, num_inputs: int, width: 
     return out
 
 
-def report_lines(observation, invariant: str, rank: int) -> list[str]:
-    """A rank's streams under a counterexample of an asynchronous invariant."""
+def of(observation, invariant: str, rank: int) -> Race | None:
+    """The race behind a rank's violation of an asynchronous invariant (None: it has none)."""
     view = observation.ranks[rank]
     if view.streams is None:
-        return []
-    readers = _readers(observation, rank)
-    num_inputs = len(observation.prepared.case.tensors) + 1
-    race = find(invariant, view.streams, readers, num_inputs)
+        return None
+    from pcpcheck.judge.verdict import readers
+    return find(invariant, view.streams, readers(observation.prepared)[rank],
+                len(observation.prepared.case.tensors) + 1)
+
+
+def report_lines(observation, invariant: str, rank: int) -> list[str]:
+    """A rank's streams under a counterexample of an asynchronous invariant."""
+    race = of(observation, invariant, rank)
     if race is None:
         return []
+    trace = observation.ranks[rank].streams
     lines_out = [f"  streams of rank {rank} ({invariant}): {race.why}"]
-    edge = missing_edge(race, view.streams)
+    edge = missing_edge(race, trace)
     if edge:
         lines_out.append(f"    {edge}")
     lines_out.append("    << the access that must come first, >> the one not ordered after it")
-    lines_out += columns_text(view.streams, race, num_inputs)
+    lines_out += columns_text(trace, race, len(observation.prepared.case.tensors) + 1)
     return lines_out
-
-
-def _readers(observation, rank: int) -> dict[int, list[int]]:
-    from pcpcheck.judge.verdict import readers
-    return readers(observation.prepared)[rank]

@@ -143,20 +143,15 @@ def counterexample_page(counterexample, target: str) -> str:
 def _streams(observation, invariant: str, rank: int) -> str:
     """A rank's stream trace, one column per stream, the two entries of the race marked and
     the missing edge said (pcpcheck.judge.race: what the predicate found)."""
-    view = observation.ranks[rank]
-    if view.streams is None:
-        return ""
-    from pcpcheck.judge.verdict import readers
-    trace = view.streams
-    num_inputs = len(observation.prepared.case.tensors) + 1
-    found = race.find(invariant, trace, readers(observation.prepared)[rank], num_inputs)
+    found = race.of(observation, invariant, rank)
     if found is None:
         return ""
+    trace = observation.ranks[rank].streams
+    num_inputs = len(observation.prepared.case.tensors) + 1
     order = sorted({entry[1] for entry in trace if entry[1] >= 0})
     rows = []
     for line in race.lines(trace, found, num_inputs):
-        span = f"#{line.first}" if line.first == line.last else f"#{line.first}-{line.last}"
-        text = html.escape(f"{span} {line.text} [{line.phase}]")
+        text = html.escape(line.label)
         if line.stream < 0:
             rows.append(f'<tr><td class="host" colspan="{len(order)}">host: {text}</td></tr>')
             continue

@@ -126,6 +126,7 @@ class Stream:
                  _owner: StreamModel | None = None, **kwargs):
         self.model = _owner or active()
         self.id = self.model.new_stream() if _id is None else _id
+        self._previous: list[Stream] = []  # the current streams this one replaced, innermost last
 
     def __repr__(self):
         return f"<modelled CUDA stream {self.id}>"
@@ -164,12 +165,12 @@ class Stream:
         return True
 
     def __enter__(self):
-        self._previous = self.model.current
+        self._previous.append(self.model.current)
         self.model.current = self
         return self
 
     def __exit__(self, *exc):
-        self.model.current = self._previous
+        self.model.current = self._previous.pop()
 
 
 class Event:
@@ -199,12 +200,8 @@ def stream(chosen: Stream | None):
     if chosen is None:
         yield
         return
-    model = active()
-    previous, model.current = model.current, chosen
-    try:
+    with chosen:
         yield
-    finally:
-        model.current = previous
 
 
 def _set_stream(chosen: Stream) -> None:

@@ -104,8 +104,8 @@ class GatherHost:
         if not self._asynchronous(case):
             return copy.call(tensors, slots, nd, case.shard, group=group)
         from pcpcheck.worker import async_step
-        value, streams[slot] = async_step.run_step(copy, tensors, slots, nd, case.header["counts"],
-                                              bool(case.header.get("capturing")), group)
+        value, streams[slot] = async_step.run_step(
+            copy, tensors, slots, nd, case.header["counts"], bool(case.header.get("capturing")), group)
         return value
 
     def _one_rank(self, case: protocol.CaseRequest) -> tuple[list[dict], list]:
