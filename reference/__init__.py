@@ -17,6 +17,7 @@ from .layout import (
     global_slots,
     hidden_restore_index,
     layout,
+    rank_counts,
     replicated_requests,
 )
 
@@ -34,6 +35,7 @@ __all__ = [
     "global_slots",
     "hidden_restore_index",
     "layout",
+    "rank_counts",
     "replicated_requests",
     "write_cache",
 ]

@@ -243,6 +243,12 @@ def layout(batch: Batch, slots=None, era: str = ERA_CURRENT) -> Layout:
     )
 
 
+def rank_counts(batch: Batch) -> list[int]:
+    """Each rank's real rows in the current layout (Layout.counts) of an expanded regime's
+    batch, from its segments alone: what sizing CUDA-graph padding needs, without the maps."""
+    return [sum(segment[2] for segment in segments) for segments in _rank_segments(batch)]
+
+
 def _split_chunks(q: int, two_p: int, rank: int):
     """(offset, length) of rank's head and tail DualChunkSwap chunks, empty chunks dropped."""
     c = -(-q // two_p)

@@ -178,7 +178,7 @@ def _boom(*args, **kwargs):
     raise ValueError("forced inside pcpcheck")
 
 
-@pytest.mark.parametrize("where", ["pcpcheck.judge.run.judge", "pcpcheck.judge.coverage.branches",
+@pytest.mark.parametrize("where", ["pcpcheck.judge.run.judge", "pcpcheck.judge.coverage.exercised",
                                    "pcpcheck.render.report.result_text"])
 def test_a_failure_inside_pcpcheck_exits_3_with_one_line_never_a_verdict(where, monkeypatch, capsys):
     """The judge, the coverage count or the report failing is pcpcheck's fault: exit 3 (not 1,

@@ -5,6 +5,8 @@ Each test names what it pins. Hand-computed expectations only: no other package'
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -468,3 +470,13 @@ def test_end_to_end_layout_gather_write_matches_expected(regime):
         if R.dcp_size(batch) > 1:
             owned = np.concatenate([t for _, t in expected])
             assert sorted(owned.tolist()) == list(range(sum(q.num_tokens for q in batch.requests)))
+
+
+@pytest.mark.parametrize("regime", [SHARDED, REPLICATED, DCP])
+def test_rank_counts_are_the_layouts_counts(regime):
+    """rank_counts (what graph padding is sized by, without the maps) is Layout.counts."""
+    rng = np.random.default_rng(99)
+    for _ in range(60):
+        batch, _ = _random_batch(rng, regime)
+        unpadded = replace(batch, graph_size=0)
+        assert R.rank_counts(unpadded) == R.layout(unpadded).counts.tolist()

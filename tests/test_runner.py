@@ -184,9 +184,11 @@ def test_values_cross_as_plain_data():
 
 
 @pytest.mark.parametrize("tree, blobs", [
-    ({"t": "tensor", "dtype": "torch.float32", "shape": [2], "blob": 0}, [b"\0" * 7]),
-    ({"t": "tensor", "dtype": "os.system", "shape": [1], "blob": 0}, [b"\0" * 4]),
-    ({"t": "tensor", "dtype": "torch.int8", "shape": [-1], "blob": 0}, [b""]),
+    ([wire.TENSOR, "torch.float32", [2], 0, "cpu"], [b"\0" * 7]),
+    ([wire.TENSOR, "os.system", [1], 0, "cpu"], [b"\0" * 4]),
+    ([wire.TENSOR, "torch.int8", [-1], 0, "cpu"], [b""]),
+    ([wire.TENSOR, "torch.int8", [1], 3, "cpu"], [b"\0"]),
+    ([wire.TENSOR, "torch.int8", [1], 0], [b"\0"]),
 ])
 def test_a_forged_tensor_description_is_refused(tree, blobs):
     with pytest.raises(ValueError):

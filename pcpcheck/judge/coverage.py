@@ -8,6 +8,8 @@ never exercised: a feature no case reached is shown as 0.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 import pcpcheck_reference as reference
@@ -22,6 +24,7 @@ from pcpcheck_spec.names import (
     BRANCH_UNEXPANDED,
     DCP,
     DRAFT_REGIMES,
+    Batch,
 )
 
 BRANCHES = (BRANCH_UNEXPANDED, BRANCH_SHARDED, BRANCH_ALL_DECODE, BRANCH_NO_DECODE, BRANCH_MIXED)
@@ -53,18 +56,41 @@ def unreachable(regime: str, capabilities: dict | None = None) -> frozenset[str]
     return frozenset({KV_GROUPS})
 
 
+def exercised(case: Case, era: str = reference.ERA_CURRENT) -> tuple[frozenset, frozenset]:
+    """(branches, features) of a case: what the search counts per case, kept per batch (both
+    read the batch alone, and batches recur)."""
+    try:
+        return _kept(case.batch, era)
+    except TypeError:  # a Batch built by hand with a list somewhere: not kept
+        return _exercised(case.batch, era)
+
+
+def _exercised(batch: Batch, era: str) -> tuple[frozenset, frozenset]:
+    return frozenset(_branches(batch, era)), frozenset(_features(batch, era))
+
+
+_kept = functools.lru_cache(maxsize=1024)(_exercised)
+
+
 def branches(case: Case, era: str = reference.ERA_CURRENT) -> set[str]:
     """The branches the ranks of a case take (spec.model.branch of each rank's call in the
     reference layout of `era`, a release's own; a well-formed case's ranks all take the same
     one)."""
-    tokens, slot_maps, nds, shard = plan(case.batch, era)[:4]
+    return _branches(case.batch, era)
+
+
+def _branches(batch: Batch, era: str) -> set[str]:
+    tokens, slot_maps, nds, shard = plan(batch, era)[:4]
     return {model.branch(tokens.shape[1], len(slots), nd, shard)
             for slots, nd in zip(slot_maps, nds)}
 
 
 def features(case: Case, era: str = reference.ERA_CURRENT) -> set[str]:
     """The layout features of FEATURES a case exercises (in the reference layout of `era`)."""
-    batch = case.batch
+    return _features(case.batch, era)
+
+
+def _features(batch: Batch, era: str) -> set[str]:
     tokens, slot_maps, nds, shard = plan(batch, era)[:4]
     real_per_rank = (tokens >= 0).sum(axis=1)
     found = set()

@@ -247,7 +247,7 @@ def _build(choose, regimes, max_ranks: int, pcp_sizes) -> Case:
             batch, num_decode_tokens=kernel_decode_tokens(requests) if regime == DRAFT_MIXED else None,
             dp_pad=choose.integer(0, 3), pad_slot_map=choose.boolean())
     elif choose.boolean():  # graph padding: a few rows past the widest rank
-        widest = int(reference.layout(batch).counts.max(initial=0))
+        widest = max(reference.rank_counts(batch), default=0)
         batch = dataclasses.replace(batch, graph_size=widest + choose.integer(1, 3))
     specs: list[TensorSpec] = []
     while _more(choose, len(specs), 1, MAX_TENSORS_DRAWN):

@@ -123,8 +123,9 @@ def count_coverage(result: RegimeResult, observation: Observation) -> None:
     """Add what a case exercised (pcpcheck.judge.coverage, from the case in the layout of the
     era it was prepared by, not the target) to a regime's counts."""
     prepared = observation.prepared
-    result.branches.update(coverage.branches(prepared.case, prepared.era))
-    result.features.update(coverage.features(prepared.case, prepared.era))
+    branches, features = coverage.exercised(prepared.case, prepared.era)
+    result.branches.update(branches)
+    result.features.update(features)
     # a release step judged per KV-cache group (other observations, a diff's pair, carry one)
     if getattr(observation, "kv_groups", 1) > 1:
         result.features[coverage.KV_GROUPS] += 1

@@ -159,6 +159,7 @@ _Tensor = torch.Tensor
 _uint8 = torch.uint8
 _data_ptr, _stride_of, _offset_of = _TensorBase.data_ptr, _TensorBase.stride, _TensorBase.storage_offset
 _is_neg, _is_conj = _TensorBase.is_neg, _TensorBase.is_conj
+_requires_grad: Callable[[torch.Tensor], bool] = cast(Any, _TensorBase).requires_grad.__get__
 _layout_of: Callable[[torch.Tensor], torch.layout] = cast(Any, _TensorBase).layout.__get__
 _strided = torch.strided
 _is_cpu: Callable[[torch.Tensor], bool] = cast(Any, _TensorBase).is_cpu.__get__
@@ -173,6 +174,7 @@ _NUMPY_READABLE[torch.bfloat16] = torch.int16
 _NUMPY_READABLE.update({getattr(torch, name): torch.uint8 for name in ("float8_e4m3fn", "float8_e5m2")
                         if hasattr(torch, name)})
 _NUMPY_DTYPE = {dtype: _empty(0, dtype=dtype).numpy().dtype for dtype in set(_NUMPY_READABLE.values())}
+_NUMPY_OF = {dtype: _NUMPY_DTYPE[readable] for dtype, readable in _NUMPY_READABLE.items()}
 _np_frombuffer, _from_numpy, _torch_frombuffer = np.frombuffer, torch.from_numpy, torch.frombuffer
 _isinstance, _type, _len, _tuple, _list, _str = isinstance, type, len, tuple, list, str
 _bytearray = bytearray
@@ -188,17 +190,20 @@ def _plain(tensor: torch.Tensor) -> torch.Tensor:
 def tensor_bytes(tensor: torch.Tensor) -> tuple[str, list[int], bytes]:
     """(dtype, shape, content) of a tensor, read as a plain torch.Tensor."""
     with _no_overrides():
-        plain = _detach(_plain(tensor))
+        plain = _plain(tensor)
         dtype = _dtype_of(plain)
-        shape = [int(n) for n in _size_of(plain)]
+        shape = _list(_size_of(plain))  # torch.Size of the base class: ints
         if _layout_of(plain) == _strided and _is_cpu(plain):
             if not _in_storage(plain, dtype):
                 raise ValueError(f"a {_str(dtype)} tensor of shape {tuple(shape)} reaches past the "
                                  "end of its storage (resized smaller after the tensor was made)")
             readable = _NUMPY_READABLE.get(dtype)
             if readable is not None and not _is_neg(plain):
+                if _requires_grad(plain):  # numpy() refuses a tensor that requires grad
+                    plain = _detach(plain)
                 # numpy's tobytes reads the logical content in order: any strides, offset, expansion
                 return _str(dtype), shape, _numpy(_view(plain, readable)).tobytes()
+        plain = _detach(plain)
         if dtype.is_complex:
             plain = _resolve_conj(plain)
         # Else a fresh tensor of canonical strides, not .contiguous(): a tensor of one element (or
@@ -223,14 +228,16 @@ def _in_storage(plain: torch.Tensor, dtype: torch.dtype) -> bool:
 
 class SentTensor:
     """An input the worker built over a private copy of the driver's bytes (`tensor`), with
-    what it looked like then: `read_back` tells whether it still is exactly that."""
+    what it looked like then: `read_back` tells whether it still is exactly that. (The
+    driver's description is trusted: it is the judge's own.)"""
 
     def __init__(self, dtype_name: str, shape: list[int], content: bytes) -> None:
         self.content = content
-        self._buffer = bytearray(content)
-        self.tensor = tensor_from_bytes(dtype_name, shape, self._buffer)
+        self._buffer = _bytearray(content)
+        dtype = dtype_by_name(dtype_name)[0]
         with _no_overrides():  # as _geometry reads it, what was not just given read from torch
-            self._geometry = (_data_ptr(self.tensor), dtype_by_name(dtype_name)[0], _tuple(shape),
+            self.tensor = _tensor_over(dtype, shape, self._buffer)
+            self._geometry = (_data_ptr(self.tensor), dtype, _tuple(shape),
                               _stride_of(self.tensor), 0, "cpu", False, False)
 
     def read_back(self) -> bytes | None:
@@ -257,9 +264,14 @@ def _geometry(tensor: torch.Tensor) -> _Geometry:
             _offset_of(plain), _device_of(plain).type, _is_neg(plain), _is_conj(plain))
 
 
-def encode_value(value: Any, blobs: list[bytes], depth: int = 0) -> dict[str, Any]:
-    """A JSON tree of a returned value (anything a target returned); tensors' bytes appended
-    to `blobs`."""
+# A returned value's tree, as lists (JSON arrays: shorter to write and read than objects):
+# [TENSOR, dtype, shape, blob index or None (meta), device], [TUPLE | LIST, *items], [OTHER, type].
+TENSOR, TUPLE, LIST, OTHER = "T", "(", "[", "?"
+
+
+def encode_value(value: Any, blobs: list[bytes], depth: int = 0) -> list[Any]:
+    """The tree of a returned value (anything a target returned); tensors' bytes appended to
+    `blobs`."""
     if _isinstance(value, _Tensor):
         with _no_overrides():
             device = _device_of(_plain(value))
@@ -267,17 +279,17 @@ def encode_value(value: Any, blobs: list[bytes], depth: int = 0) -> dict[str, An
             with _no_overrides():
                 plain = _plain(value)
                 dtype, shape = _str(_dtype_of(plain)), [int(n) for n in _size_of(plain)]
-            return {"t": "tensor", "dtype": dtype, "shape": shape, "blob": None, "device": "meta"}
+            return [TENSOR, dtype, shape, None, "meta"]
         dtype, shape, content = tensor_bytes(value)
         blobs.append(content)
-        return {"t": "tensor", "dtype": dtype, "shape": shape, "blob": _len(blobs) - 1,
-                "device": _str(device)}
+        return [TENSOR, dtype, shape, _len(blobs) - 1, _str(device)]
     if depth < 2 and _isinstance(value, (_tuple, _list)):
-        kind = "tuple" if _isinstance(value, _tuple) else "list"
-        items = _list((_tuple_iter if kind == "tuple" else _list_iter)(value))
+        is_tuple = _isinstance(value, _tuple)
+        items = _list((_tuple_iter if is_tuple else _list_iter)(value))
         if _len(items) <= MAX_ITEMS:
-            return {"t": kind, "items": [encode_value(item, blobs, depth + 1) for item in items]}
-    return {"t": "other", "type": _str(_type(value).__name__)[:100]}
+            return [TUPLE if is_tuple else LIST, *[encode_value(item, blobs, depth + 1)
+                                                    for item in items]]
+    return [OTHER, _str(_type(value).__name__)[:100]]
 
 
 # --- driver side: rebuild plain objects from what a worker sent --------------------------------
@@ -288,16 +300,20 @@ def tensor_from_bytes(dtype_name: str, shape: list[int], content: bytes | bytear
     not describe one. Built with the functions captured at import: in a worker, a target loaded
     since may have replaced torch's or numpy's (an input built over a copy of the bytes the
     worker keeps would hide what the call wrote into it)."""
-    dtype, numel = _described(dtype_name, shape, content)
+    dtype = _described(dtype_name, shape, content)[0]
     with _no_overrides():
-        if numel == 0:
-            return _empty(shape, dtype=dtype)
-        buffer = content if _type(content) is _bytearray else _bytearray(content)
-        readable = _NUMPY_READABLE.get(dtype)
-        if readable is not None:
-            array = _np_frombuffer(buffer, dtype=_NUMPY_DTYPE[readable]).reshape(shape)
-            return _view(_from_numpy(array), dtype)
-        return _reshape(_view(_torch_frombuffer(buffer, dtype=_uint8), dtype), shape)
+        return _tensor_over(dtype, shape, content if _type(content) is _bytearray
+                            else _bytearray(content))
+
+
+def _tensor_over(dtype: torch.dtype, shape: list[int], buffer: bytearray) -> torch.Tensor:
+    """A CPU tensor over `buffer`, of a description already checked (call with overrides off)."""
+    if not buffer:
+        return _empty(shape, dtype=dtype)
+    numpy_dtype = _NUMPY_OF.get(dtype)
+    if numpy_dtype is not None:
+        return _view(_from_numpy(_np_frombuffer(buffer, dtype=numpy_dtype).reshape(shape)), dtype)
+    return _reshape(_view(_torch_frombuffer(buffer, dtype=_uint8), dtype), shape)
 
 
 def _described(dtype_name: str, shape: list[int], content: bytes | bytearray
@@ -360,18 +376,23 @@ class Received:
 
 
 def decode_value(tree: Any, blobs: list[bytes]) -> object:
-    """The value a worker described: tuples, lists and tensors (as Received); anything else
-    becomes an empty instance of a class of the same name (what judging needs to name it)."""
-    kind = tree.get("t") if isinstance(tree, dict) else None
-    if kind == "tensor":
-        blob = tree.get("blob")
-        content = blobs[blob] if blob is not None else None
-        if content is None:  # a meta tensor: shape and dtype only
-            dtype, itemsize = dtype_by_name(tree["dtype"])
-            content = bytes(itemsize * _numel(tree["shape"]))
-        return Received(tree["dtype"], tree["shape"], content, str(tree.get("device"))[:40])
-    if kind in ("tuple", "list"):
-        items = [decode_value(item, blobs) for item in tree["items"]]
-        return tuple(items) if kind == "tuple" else items
-    name = str(tree.get("type", "object")) if isinstance(tree, dict) else "object"
+    """The value a worker described (encode_value's tree): tuples, lists and tensors (as
+    Received); anything else becomes an empty instance of a class of the same name (what judging
+    needs to name it). ValueError where a tensor's description is not one."""
+    kind = tree[0] if isinstance(tree, list) and tree else None
+    if kind == TENSOR:
+        if len(tree) != 5:
+            raise ValueError(f"a tensor described by {len(tree)} fields")
+        _, dtype, shape, blob, device = tree
+        if blob is None:  # a meta tensor: shape and dtype only
+            content = bytes(dtype_by_name(dtype)[1] * _numel(shape))
+        elif type(blob) is int and 0 <= blob < len(blobs):
+            content = blobs[blob]
+        else:
+            raise ValueError(f"blob {blob!r} of {len(blobs)}")
+        return Received(dtype, shape, content, str(device)[:40])
+    if kind in (TUPLE, LIST):
+        items = [decode_value(item, blobs) for item in tree[1:]]
+        return tuple(items) if kind == TUPLE else items
+    name = str(tree[1]) if kind == OTHER and len(tree) > 1 else "object"
     return type(name if name.isidentifier() else "object", (), {})()

@@ -17,6 +17,7 @@ attributed to the rank that was running and reported with it, truncated.
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 import signal
@@ -79,7 +80,10 @@ class Status:
 
 
 class Capture:
-    """fd 1 and 2 of this process, in a file: byte ranges of it are attributed to ranks."""
+    """fd 1 and 2 of this process, in a file: byte ranges of it are attributed to ranks.
+    sys.stdout and sys.stderr become unbuffered text streams on fds 1 and 2, so a mark (taken
+    at every greenlet switch) is one lseek unless a target replaced them (then they are flushed
+    first, as a buffered stream would need)."""
 
     def __init__(self, path: str):
         self._write_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -88,18 +92,24 @@ class Capture:
         sys.stderr.flush()
         os.dup2(self._write_fd, 1)
         os.dup2(self._write_fd, 2)
+        self._stdout, self._stderr = (
+            io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
+                             errors="backslashreplace", write_through=True) for fd in (1, 2))
+        sys.stdout = sys.__stdout__ = self._stdout
+        sys.stderr = sys.__stderr__ = self._stderr
 
     def mark(self) -> int:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001 - a target may close or replace the streams
-                pass
-        return os.fstat(self._read_fd).st_size
+        if sys.stdout is not self._stdout or sys.stderr is not self._stderr:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001 - a target may close or replace the streams
+                    pass
+        return os.lseek(self._read_fd, 0, os.SEEK_END)
 
     def reset(self) -> None:
-        self.mark()
-        os.ftruncate(self._write_fd, 0)
+        if self.mark():  # most cases print nothing: no truncation to make
+            os.ftruncate(self._write_fd, 0)
 
     def text(self, ranges) -> str:
         chunks, left = [], MAX_OUTPUT
