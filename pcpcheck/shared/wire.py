@@ -301,9 +301,9 @@ def tensor_from_bytes(dtype_name: str, shape: list[int], content: bytes | bytear
     since may have replaced torch's or numpy's (an input built over a copy of the bytes the
     worker keeps would hide what the call wrote into it)."""
     dtype = _described(dtype_name, shape, content)[0]
+    buffer = cast(bytearray, content) if _type(content) is _bytearray else _bytearray(content)
     with _no_overrides():
-        return _tensor_over(dtype, shape, content if _type(content) is _bytearray
-                            else _bytearray(content))
+        return _tensor_over(dtype, shape, buffer)
 
 
 def _tensor_over(dtype: torch.dtype, shape: list[int], buffer: bytearray) -> torch.Tensor:

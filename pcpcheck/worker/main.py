@@ -95,8 +95,7 @@ class Capture:
         self._stdout, self._stderr = (
             io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
                              errors="backslashreplace", write_through=True) for fd in (1, 2))
-        sys.stdout = sys.__stdout__ = self._stdout
-        sys.stderr = sys.__stderr__ = self._stderr
+        sys.stdout, sys.stderr = self._stdout, self._stderr
 
     def mark(self) -> int:
         if sys.stdout is not self._stdout or sys.stderr is not self._stderr:
