@@ -60,7 +60,7 @@ def _labels_of(rows: np.ndarray, valid: np.ndarray, content: np.ndarray) -> list
     if rows.shape[0] == 0 or valid.size == 0:
         return [NO_ROW] * rows.shape[0]
     claimed = (rows[:, :4].copy().view("<i4").reshape(-1) ^ np.int32(LABEL_KEY)).astype(np.int64)
-    position = np.searchsorted(valid, claimed).clip(max=valid.size - 1)
+    position = np.minimum(np.searchsorted(valid, claimed), valid.size - 1)
     genuine = (valid[position] == claimed) & (content[position] == rows).all(axis=1)
     return np.where(genuine, claimed, NO_ROW).tolist()
 
@@ -85,11 +85,10 @@ def cache_labels(cache: torch.Tensor, tensor_index: int, valid: np.ndarray) -> d
 def _decoded(prepared: Prepared, tensor_index: int, tensor: Received) -> list[int]:
     """decode_rows of one returned tensor, of its input's dtype and trailing shape
     (_malformed), worked out once per distinct content of the case."""
-    rows = tensor.rows()
-    key = (tensor_index, rows.shape, tensor.content)
+    key = (tensor_index, tensor.shape, tensor.content)
     labels = prepared.decoded_rows.get(key)
     if labels is None:
-        labels = prepared.decoded_rows[key] = _labels_of(rows, prepared.labels,
+        labels = prepared.decoded_rows[key] = _labels_of(tensor.rows(), prepared.labels,
                                                          prepared.content(tensor_index))
     return list(labels)
 

@@ -21,12 +21,14 @@ _TABLE_BYTES = 1 << 20
 _tables: dict[tuple[int, int], tuple[int, np.ndarray]] = {}
 
 
-def contents(labels: np.ndarray, tensor_index: int, row_bytes: int) -> np.ndarray:
+def contents(labels: np.ndarray, tensor_index: int, row_bytes: int,
+             bounds: tuple[int, int] | None = None) -> np.ndarray:
     """row_content(labels, tensor_index, row_bytes), for labels of any shape (rows stack on a
-    last axis of row_bytes)."""
+    last axis of row_bytes). `bounds`: the labels' (least, greatest), where the caller knows."""
     if labels.size == 0:
         return np.empty((*labels.shape, row_bytes), dtype=np.uint8)
-    low, high = int(labels.min()), int(labels.max()) + 1
+    low, high = bounds or (int(labels.min()), int(labels.max()))
+    high += 1
     key = (tensor_index, row_bytes)
     base, rows = _tables.get(key, (low, None))
     if rows is None or low < base or high > base + len(rows):
@@ -85,7 +87,9 @@ class Prepared:
         """Rows of every input label (self.labels order) in one tensor, to decode outputs."""
         if tensor_index not in self._content:
             spec = self.case.tensors[tensor_index]
-            self._content[tensor_index] = contents(self.labels, tensor_index, spec.row_bytes)
+            bounds = (int(self.labels[0]), int(self.labels[-1])) if self.labels.size else None
+            self._content[tensor_index] = contents(self.labels, tensor_index, spec.row_bytes,
+                                                   bounds)
         return self._content[tensor_index]
 
     def inputs(self, rank: int):
@@ -100,7 +104,8 @@ class Prepared:
 
 def prepare(case: Case) -> Prepared:
     tokens, slot_maps, nds, shard, owned, labels = plan(case.batch)
-    per_tensor = [contents(tokens, k, spec.row_bytes) for k, spec in enumerate(case.tensors)]
+    bounds = (int(labels[0]), int(labels[-1])) if labels.size else None  # labels: sorted
+    per_tensor = [contents(tokens, k, spec.row_bytes, bounds) for k, spec in enumerate(case.tensors)]
     sources = [[rows[rank] for rows in per_tensor] for rank in range(len(tokens))]
     expected = [dict(owned[rank % len(owned)]) for rank in range(len(tokens))]
     return Prepared(case=case, tokens=tokens, sources=sources, slot_maps=list(slot_maps),

@@ -274,13 +274,11 @@ def encode_value(value: Any, blobs: list[bytes], depth: int = 0) -> list[Any]:
     `blobs`."""
     if _isinstance(value, _Tensor):
         with _no_overrides():
-            device = _device_of(_plain(value))
-        if device.type == "meta":  # no data to read: its description alone (RETURNS names it)
-            with _no_overrides():
-                plain = _plain(value)
-                dtype, shape = _str(_dtype_of(plain)), [int(n) for n in _size_of(plain)]
-            return [TENSOR, dtype, shape, None, "meta"]
-        dtype, shape, content = tensor_bytes(value)
+            plain = _plain(value)
+            device = _device_of(plain)
+            if device.type == "meta":  # no data to read: its description alone (RETURNS names it)
+                return [TENSOR, _str(_dtype_of(plain)), _list(_size_of(plain)), None, "meta"]
+        dtype, shape, content = tensor_bytes(plain)
         blobs.append(content)
         return [TENSOR, dtype, shape, _len(blobs) - 1, _str(device)]
     if depth < 2 and _isinstance(value, (_tuple, _list)):
@@ -327,11 +325,13 @@ def _described(dtype_name: str, shape: list[int], content: bytes | bytearray
 
 
 def _numel(shape: object) -> int:
-    if not isinstance(shape, list) or not all(type(n) is int and 0 <= n < 1 << 40 for n in shape):
+    if _type(shape) is not _list:
         raise ValueError(f"bad shape {shape!r}")
     numel = 1
-    for n in shape:
-        numel *= n
+    for n in cast("list[object]", shape):
+        if _type(n) is not int or not 0 <= cast(int, n) < 1 << 40:
+            raise ValueError(f"bad shape {shape!r}")
+        numel *= cast(int, n)
     if numel > MAX_MESSAGE:
         raise ValueError(f"bad shape {shape!r}")
     return numel
