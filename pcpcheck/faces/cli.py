@@ -14,6 +14,7 @@ its traceback with --traceback), never a verdict.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from typing import TextIO, cast
@@ -77,6 +78,8 @@ def _main(argv: list[str], prefork: bool) -> int:
         _import_torch()
         from pcpcheck import api
         if prefork:
+            gc.freeze()  # the imports' objects (torch's alone, about 200,000) out of every later
+            # collection, here and in the processes forked from here: cases allocate many objects
             api.prefork()
         from pcpcheck.faces import commands
         return commands.run(args)

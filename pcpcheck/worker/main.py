@@ -17,6 +17,7 @@ attributed to the rank that was running and reported with it, truncated.
 
 from __future__ import annotations
 
+import gc
 import io
 import mmap
 import os
@@ -165,6 +166,7 @@ class Worker:
         host, reply = hosts.load(request, self)
         if host is not None:
             self.hosts[request.key] = host
+            gc.freeze()  # what the load made (modules, a release's files): out of collections
         wire.send(self.out, reply)
 
     def run_cases(self, cases: list[protocol.CaseRequest]):
