@@ -260,13 +260,12 @@ def wait_results(workers: list[WorkerProcess], timeout: float, grace: float, wat
     told = 0
     while pending:
         now = time.monotonic()
-        if on_slow is not None:
+        buffered = any(w.reader.buffered for w in pending.values())  # read while sending
+        if on_slow is not None and not buffered:  # nothing to wait for where a reply is here
             told = _tell_slow(pending.values(), now, on_slow, told)
         if hard_deadline is not None and now >= hard_deadline:
             break
-        wait = tick if hard_deadline is None else min(tick, hard_deadline - now)
-        if any(w.reader.buffered for w in pending.values()):
-            wait = 0  # a reply may already be read (while sending)
+        wait = 0 if buffered else tick if hard_deadline is None else min(tick, hard_deadline - now)
         ready = select.select([w.reader.fd for w in pending.values()], [], [], max(wait, 0))[0]
         for index, worker in list(pending.items()):
             if worker.reader.fd in ready or worker.reader.buffered:
