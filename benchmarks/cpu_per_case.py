@@ -13,7 +13,8 @@ Then the floor of this tree, per P: what no checker of this design can go below.
 start (the CPU of the same command with --max-examples 1, spread over the default run's cases),
 and the target's own calls: the default run's very cases, their inputs built beforehand, run
 in this process on the greenlet scheduler the worker uses (CPU of the calls alone), and of that
-the scheduler's share (a target that only gathers one small tensor per case).
+the scheduler's share (a target that only gathers one small tensor per case). Last, the checker's
+own CPU per case of each tree: its median less this tree's floor.
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ def main() -> None:
     if options.before is None:
         parser.error("--before is required (a checkout of the landed code), but with --floor-only")
     trees = {"landed": options.before.resolve(), "this tree": HERE}
+    medians: dict[int, dict[str, float]] = {}  # P -> tree -> median ms CPU per case
     with tempfile.TemporaryDirectory() as scratch:
         paths = {name: import_path(tree, Path(scratch, name.replace(" ", "_")))
                  for name, tree in trees.items()}
@@ -127,20 +129,29 @@ def main() -> None:
                     print(f"P <= {max_ranks}, round {round_ + 1}, {name:<9}: {cases} cases, "
                           f"{cpu:6.1f} s CPU, {wall:5.1f} s wall, {1e3 * cpu / cases:.2f} ms CPU "
                           f"per case (load {load})", flush=True)
-            medians = {name: statistics.median(values) for name, values in per_case.items()}
-            print(f"P <= {max_ranks}: median ms CPU per case, landed {medians['landed']:.2f}, "
-                  f"this tree {medians['this tree']:.2f}: "
-                  f"{medians['landed'] / medians['this tree']:.2f}x cheaper", flush=True)
-    print_floors(options.max_ranks)
+            medians[max_ranks] = {name: statistics.median(values) for name, values in per_case.items()}
+            landed, this = medians[max_ranks]["landed"], medians[max_ranks]["this tree"]
+            print(f"P <= {max_ranks}: median ms CPU per case, landed {landed:.2f}, "
+                  f"this tree {this:.2f}: {landed / this:.2f}x cheaper", flush=True)
+    floors = print_floors(options.max_ranks)
+    for max_ranks, below in floors.items():  # the checker's own: the total less the floor
+        landed, this = (medians[max_ranks][name] - below for name in ("landed", "this tree"))
+        print(f"P <= {max_ranks}: the checker's own ms CPU per case (median less this tree's "
+              f"floor), landed {landed:.2f}, this tree {this:.2f}: {landed / this:.2f}x cheaper",
+              flush=True)
 
 
-def print_floors(max_ranks_list: str) -> None:
+def print_floors(max_ranks_list: str) -> dict[int, float]:
+    """Print this tree's floor per P; the floors (ms CPU per case) by P."""
+    floors = {}
     for max_ranks in map(int, max_ranks_list.split(",")):
         start, target, scheduler = floor(max_ranks)
+        floors[max_ranks] = start + target
         print(f"P <= {max_ranks}: floor of this tree, ms CPU per case: fixed start {start:.2f}, "
               f"the target's calls {target:.2f} (of which the scheduler {scheduler:.2f}): "
               f"{start + target:.2f} together (load "
               + " ".join(f"{x:.1f}" for x in os.getloadavg()) + ")", flush=True)
+    return floors
 
 
 if __name__ == "__main__":
