@@ -74,6 +74,8 @@ EXPECTED = {
     "forge_cli.py": Expect(1, REPLICA),
     "forge_observation.py": Expect(1, REPLICA),
     "forge_inputs.py": Expect(1, NO_MUTATION),
+    # A result message forged on the worker's pipe: that worker is stopped, its ranks lost.
+    "forge_reply.py": Expect(1, (COLLECTIVE, RETURNS), ANY_RANKS),
     "atexit_exit0.py": Expect(1, REPLICA),
     "closes_stdout.py": Expect(1, REPLICA),
     "floods_output.py": Expect(1, REPLICA),

@@ -4,6 +4,7 @@ bytes whatever the object returned claims about itself."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 import pcpcheck_spec.invariants as inv
-from pcpcheck.shared import wire
+from pcpcheck.shared import protocol, wire
 from pcpcheck.shared.protocol import FINISHED, RUNNING, WAITING
 from pcpcheck.worker.rankctx import current_group
 from pcpcheck.worker.runner import ThreadRunner
@@ -214,3 +215,32 @@ def test_reader_never_blocks_past_its_deadline():
         os.close(read_end)
         if write_end is not None:
             os.close(write_end)
+
+
+@pytest.mark.parametrize("header", [
+    {"op": "x", "blobs": [2.5, 2.5]},  # lengths that sum right but are not ints
+    {"op": "x", "blobs": [6, -1]},
+    {"op": "x", "blobs": 5},
+    ["op", "blobs"],
+])
+def test_a_forged_frame_closes_the_channel_and_the_next_message_still_reads(header):
+    text = json.dumps(header).encode()
+    reader = wire.Reader(-1)
+    reader._buffer += wire._FRAME.pack(len(text), 5) + text + b"abcde" + wire.pack({"op": "a"}, [b"z"])
+    with pytest.raises(wire.ChannelClosed, match="not a message"):
+        reader.recv()
+    assert reader.recv() == ({"op": "a", "blobs": [1]}, [b"z"])
+
+
+@pytest.mark.parametrize("header, hosted", [
+    ({"op": "result", "ranks": [[1, 2]]}, None),  # a rank that is no report
+    ({"op": "result", "ranks": 5}, None),
+    ({"op": "result"}, None),
+    ({"op": "loaded", "ranks": []}, None),  # another operation's reply where a result is due
+    ({"op": "result", "ranks": []}, 2),  # fewer ranks than the worker hosts
+    ({"op": "result", "ranks": [{"rank": 0, "trace": 5}]}, 1),
+    ({"op": "result", "ranks": [{"rank": 0, "trace": [5]}]}, 1),
+])
+def test_a_forged_result_is_refused(header, hosted):
+    with pytest.raises(ValueError):
+        protocol.read_result(header, [b"\0"], hosted)

@@ -22,7 +22,7 @@ from pcpcheck.backends.base import GRACE, LOAD_TIMEOUT, STARTUP_TIMEOUT, Batched
 from pcpcheck.shared import protocol, wire
 from pcpcheck.shared.defaults import DEFAULT_TIMEOUT
 from pcpcheck.shared.errors import LoadError, WorkerError
-from pcpcheck.shared.protocol import TargetInfo
+from pcpcheck.shared.protocol import RankResult, TargetInfo
 
 
 class Pool:
@@ -139,12 +139,17 @@ class DistributedBackend(BatchedBackend):
         outcomes = pool.wait_results(ranks_pool.workers, self.timeout, GRACE, watch=not careful,
                                      on_slow=self.on_slow)
         outcomes = [outcomes[rank] for rank in range(key)]  # arrival order -> rank order
-        try:
-            results = [protocol.read_result(outcome[1], outcome[2])[0]
-                       if outcome[0] == "result" else None for outcome in outcomes]
-        except LoadError:  # the run stops: what the ranks still owe must not reach another
-            self._retire(ranks_pool)
-            raise
+        results: list[RankResult | None] = []
+        for rank, outcome in enumerate(outcomes):
+            try:
+                results.append(protocol.read_result(outcome[1], outcome[2], 1)[0]
+                               if outcome[0] == "result" else None)
+            except LoadError:  # the run stops: what the ranks still owe must not reach another
+                self._retire(ranks_pool)
+                raise
+            except ValueError as exc:  # written by the code under check: the worker is not ours
+                outcomes[rank] = ("died", f"it sent {exc}")
+                results.append(None)
         if all(result is not None and not result.poisoned for result in results):
             self._received(key)
             return "result", results

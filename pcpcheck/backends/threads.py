@@ -94,10 +94,12 @@ class ThreadsBackend(BatchedBackend):
         if outcome[0] == "result":
             self._received(key)
             try:
-                return "result", protocol.read_result(outcome[1], outcome[2])
+                return "result", protocol.read_result(outcome[1], outcome[2], size or None)
             except LoadError:  # the run stops: what the worker still owes must not reach another
                 self._retire()
                 raise
+            except ValueError as exc:  # written by the code under check: the worker is not ours
+                outcome = ("died", f"it sent {exc}")
         return "lost", self._lost(worker, outcome, size)
 
     def _lost(self, worker, outcome, size: int) -> list[RankResult]:

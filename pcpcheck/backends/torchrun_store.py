@@ -109,11 +109,14 @@ class TorchrunBackend(Backend):
             return self.broken
         parts = [wire.pack(*protocol.case_request(prepared, target, [rank])) for rank in range(self.size)]
         results = []
-        for header, blobs in self._round(parts, self.timeout):
-            if protocol.is_result(header):
-                results.append(protocol.read_result(header, blobs)[0])
-            else:
+        for rank, (header, blobs) in enumerate(self._round(parts, self.timeout)):
+            if protocol.is_lost(header):
                 results.append(protocol.read_lost(header))
+                continue
+            try:
+                results.append(protocol.read_result(header, blobs, 1)[0])
+            except ValueError as exc:  # written by the code under check: its report is lost
+                results.append(protocol.lost_rank(f"rank {rank} sent {exc}", lost="died"))
         if any(header_lost for header_lost in (r.inputs_after is None for r in results)):
             self.broken = results  # torchrun's group cannot be rebuilt
         return results

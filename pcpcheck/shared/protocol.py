@@ -404,13 +404,25 @@ def is_result(header: wire.Header) -> bool:
     return operation(header) == RESULT
 
 
-def read_result(header: wire.Header, blobs: list[bytes]) -> list[RankResult]:
+def read_result(header: wire.Header, blobs: list[bytes], hosted: int | None = None
+                ) -> list[RankResult]:
     """Each rank's report of a RESULT message, decoded; LoadError if the code under check used
-    a stand-in as a value (a verdict would rest on a value pcpcheck made up)."""
+    a stand-in as a value (a verdict would rest on a value pcpcheck made up). ValueError if the
+    message is not a result of `hosted` ranks (None: any number), as a target writing to its
+    worker's pipe could make it: the backend retires that worker."""
     refused = header.get("refused")
     if refused:
         raise LoadError(f"{str(refused)[:400]}: the run stops (exit 2), no verdict")
-    return [decode_rank(result, blobs) for result in header["ranks"]]
+    ranks = header.get("ranks")
+    if not is_result(header) or not isinstance(ranks, list) or not all(
+            isinstance(result, dict) for result in ranks):
+        raise ValueError(f"a reply that is no result (op {str(header.get('op'))[:40]!r})")
+    if hosted is not None and len(ranks) != hosted:
+        raise ValueError(f"a result of {len(ranks)} rank(s) for the {hosted} it hosts")
+    try:
+        return [decode_rank(result, blobs) for result in ranks]
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"a result pcpcheck cannot read ({type(exc).__name__}: {exc})"[:300]) from None
 
 
 def trace_entry(entry: Iterable[object]) -> list[object]:

@@ -126,19 +126,22 @@ class Reader:
         end = _FRAME.size + text_len + blob_len
         if len(self._buffer) < end:
             return None
-        data = bytes(self._buffer[:end])
-        del self._buffer[:end]
-        try:
-            header = json.loads(data[_FRAME.size:_FRAME.size + text_len])
-            lengths = header["blobs"]
-            if not isinstance(header, dict) or sum(lengths) != blob_len or min(lengths, default=0) < 0:
-                raise ValueError("blob lengths")
-        except (ValueError, TypeError, KeyError) as exc:
-            raise ChannelClosed(f"not a message: {exc}") from None
-        blobs, offset = [], _FRAME.size + text_len
-        for length in lengths:
-            blobs.append(data[offset:offset + length])
-            offset += length
+        failure = None
+        with memoryview(self._buffer) as data:  # each part copied out once
+            try:
+                header = json.loads(bytes(data[_FRAME.size:_FRAME.size + text_len]))
+                lengths = header["blobs"]
+                if not isinstance(header, dict) or sum(lengths) != blob_len or min(lengths, default=0) < 0:
+                    raise ValueError("blob lengths")
+                blobs, offset = [], _FRAME.size + text_len
+                for length in lengths:
+                    blobs.append(bytes(data[offset:offset + length]))
+                    offset += length
+            except (ValueError, TypeError, KeyError) as exc:
+                failure = ChannelClosed(f"not a message: {exc}")
+        del self._buffer[:end]  # a message that is not one is dropped all the same
+        if failure is not None:
+            raise failure
         return header, blobs
 
 
@@ -163,6 +166,7 @@ _requires_grad: Callable[[torch.Tensor], bool] = cast(Any, _TensorBase).requires
 _layout_of: Callable[[torch.Tensor], torch.layout] = cast(Any, _TensorBase).layout.__get__
 _strided = torch.strided
 _is_cpu: Callable[[torch.Tensor], bool] = cast(Any, _TensorBase).is_cpu.__get__
+_is_meta: Callable[[torch.Tensor], bool] = cast(Any, _TensorBase).is_meta.__get__
 _storage_of = _TensorBase.untyped_storage
 _storage_nbytes: Callable[[torch.UntypedStorage], int] = cast(Any, torch._C.StorageBase).nbytes
 # Per dtype of a plain strided tensor, the dtype of the same item size numpy holds (itself where
@@ -202,7 +206,8 @@ def tensor_bytes(tensor: torch.Tensor) -> tuple[str, list[int], bytes]:
                 if _requires_grad(plain):  # numpy() refuses a tensor that requires grad
                     plain = _detach(plain)
                 # numpy's tobytes reads the logical content in order: any strides, offset, expansion
-                return _str(dtype), shape, _numpy(_view(plain, readable)).tobytes()
+                return _str(dtype), shape, _numpy(plain if readable is dtype
+                                                  else _view(plain, readable)).tobytes()
         plain = _detach(plain)
         if dtype.is_complex:
             plain = _resolve_conj(plain)
@@ -222,7 +227,9 @@ def _in_storage(plain: torch.Tensor, dtype: torch.dtype) -> bool:
     shape, strides = _size_of(plain), _stride_of(plain)
     if 0 in shape:
         return True
-    last = _offset_of(plain) + sum((n - 1) * stride for n, stride in zip(shape, strides))
+    last = _offset_of(plain)
+    for n, stride in zip(shape, strides):
+        last += (n - 1) * stride
     return (last + 1) * dtype.itemsize <= _storage_nbytes(_storage_of(plain))
 
 
@@ -275,12 +282,12 @@ def encode_value(value: Any, blobs: list[bytes], depth: int = 0) -> list[Any]:
     if _isinstance(value, _Tensor):
         with _no_overrides():
             plain = _plain(value)
-            device = _device_of(plain)
-            if device.type == "meta":  # no data to read: its description alone (RETURNS names it)
+            if _is_meta(plain):  # no data to read: its description alone (RETURNS names it)
                 return [TENSOR, _str(_dtype_of(plain)), _list(_size_of(plain)), None, "meta"]
+            device = "cpu" if _is_cpu(plain) else _str(_device_of(plain))
         dtype, shape, content = tensor_bytes(plain)
         blobs.append(content)
-        return [TENSOR, dtype, shape, _len(blobs) - 1, _str(device)]
+        return [TENSOR, dtype, shape, _len(blobs) - 1, device]
     if depth < 2 and _isinstance(value, (_tuple, _list)):
         is_tuple = _isinstance(value, _tuple)
         items = _list((_tuple_iter if is_tuple else _list_iter)(value))
