@@ -161,18 +161,19 @@ def evaluate(step: Step, regime: str) -> tuple[dict[str, list[int]], tuple[str, 
     return the same rows) reuses that verdict instead of running the predicate again."""
     failed: dict[str, set[int]] = {}
     ran: list[str] = []
-    ranks = range(len(step.ranks))
-    asynchronous = any(getattr(view, "streams", None) is not None for view in step.ranks)
-    for entry in _applicable_gather(regime) + (_applicable_async(regime) if asynchronous else ()):
+    every = range(len(step.ranks))
+    returned = [r for r in every if step.ranks[r].returned]
+    streaming = [r for r in every if getattr(step.ranks[r], "streams", None) is not None]
+    for entry in _applicable_gather(regime) + (_applicable_async(regime) if streaming else ()):
         seen: list[tuple[Any, ...]] = []  # the distinct arguments the predicate ran on, and
         verdicts: list[bool] = []  # its result on each
         units: list[tuple[Any, ...]]  # per rank: (rank, tensor or None); global: () or (tensor,)
         unit: tuple[int, ...]  # what entry.arguments and entry.blame take after the step
         if entry.scope in (PER_RANK, PER_TENSOR):
             tensors = range(step.num_tensors) if entry.scope == PER_TENSOR else (None,)
-            units = [(r, k) for r in ranks for k in tensors
-                     if (step.ranks[r].returned or not entry.needs_output)
-                     and (ASYNC not in entry.checkers or step.ranks[r].streams is not None)]
+            ranks = returned if entry.needs_output else every
+            units = [(r, k) for r in ranks if ASYNC not in entry.checkers or r in streaming
+                     for k in tensors]
             for r, k in units:
                 unit = (r,) if k is None else (r, k)
                 if not _holds(entry, entry.arguments(step, *unit), seen, verdicts):

@@ -66,7 +66,8 @@ def exercised(case: Case, era: str = reference.ERA_CURRENT) -> tuple[frozenset, 
 
 
 def _exercised(batch: Batch, era: str) -> tuple[frozenset, frozenset]:
-    return frozenset(_branches(batch, era)), frozenset(_features(batch, era))
+    planned = plan(batch, era)
+    return frozenset(_branches(planned)), frozenset(_features(batch, era, planned))
 
 
 _kept = functools.lru_cache(maxsize=1024)(_exercised)
@@ -76,22 +77,23 @@ def branches(case: Case, era: str = reference.ERA_CURRENT) -> set[str]:
     """The branches the ranks of a case take (spec.model.branch of each rank's call in the
     reference layout of `era`, a release's own; a well-formed case's ranks all take the same
     one)."""
-    return _branches(case.batch, era)
+    return _branches(plan(case.batch, era))
 
 
-def _branches(batch: Batch, era: str) -> set[str]:
-    tokens, slot_maps, nds, shard = plan(batch, era)[:4]
+def _branches(planned: tuple) -> set[str]:
+    tokens, slot_maps, nds, shard = planned[:4]
     return {model.branch(tokens.shape[1], len(slots), nd, shard)
             for slots, nd in zip(slot_maps, nds)}
 
 
 def features(case: Case, era: str = reference.ERA_CURRENT) -> set[str]:
     """The layout features of FEATURES a case exercises (in the reference layout of `era`)."""
-    return _features(case.batch, era)
+    return _features(case.batch, era, plan(case.batch, era))
 
 
-def _features(batch: Batch, era: str) -> set[str]:
-    tokens, slot_maps, nds, shard = plan(batch, era)[:4]
+def _features(batch: Batch, era: str, planned: tuple) -> set[str]:
+    """features of the batch, from its plan (prepare.plan)."""
+    tokens, slot_maps, nds, shard = planned[:4]
     real_per_rank = (tokens >= 0).sum(axis=1)
     found = set()
     if batch.regime not in DRAFT_REGIMES and tokens.shape[1] > real_per_rank.max(initial=0):

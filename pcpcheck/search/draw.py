@@ -8,7 +8,6 @@ preconditions on it.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import random
 
@@ -132,15 +131,18 @@ class RandomChooser:
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
         self.choices: list = []
+        self._random = rng.random
+        # randint(low, high) is low + _randbelow(high - low + 1): the same draws, one call
+        self._below = rng._randbelow  # type: ignore[attr-defined]
 
     def integer(self, low: int, high: int) -> int:
-        roll = self.rng.random()
-        value = low if roll < 0.0625 else high if roll < 0.125 else self.rng.randint(low, high)
+        roll = self._random()
+        value = low if roll < 0.0625 else high if roll < 0.125 else low + self._below(high - low + 1)
         self.choices.append(value)
         return value
 
     def boolean(self) -> bool:
-        value = self.rng.random() < 0.5
+        value = self._random() < 0.5
         self.choices.append(value)
         return value
 
@@ -214,8 +216,8 @@ def _requests(choose, regime: str, pcp_size: int, block_size: int, dcp_size: int
         next_block += num_blocks
     if choose.boolean():  # blocks in reverse order
         top = next_block - 1
-        requests = [dataclasses.replace(r, blocks=tuple(top - b for b in r.blocks))
-                    for r in requests]
+        requests = [Request(r.num_tokens, r.prefilling, r.context_len,
+                            tuple(top - b for b in r.blocks)) for r in requests]
     return tuple(requests)
 
 
@@ -243,12 +245,13 @@ def _build(choose, regimes, max_ranks: int, pcp_sizes) -> Case:
     requests = choose.group(_requests, regime, pcp_size, block_size, dcp_size)
     batch = Batch(regime, pcp_size, requests, block_size, interleave)
     if regime in DRAFT_REGIMES:
-        batch = dataclasses.replace(
-            batch, num_decode_tokens=kernel_decode_tokens(requests) if regime == DRAFT_MIXED else None,
-            dp_pad=choose.integer(0, 3), pad_slot_map=choose.boolean())
+        nd = kernel_decode_tokens(requests) if regime == DRAFT_MIXED else None
+        batch = Batch(regime, pcp_size, requests, block_size, interleave, dp_pad=choose.integer(0, 3),
+                      pad_slot_map=choose.boolean(), num_decode_tokens=nd)
     elif choose.boolean():  # graph padding: a few rows past the widest rank
         widest = max(reference.rank_counts(batch), default=0)
-        batch = dataclasses.replace(batch, graph_size=widest + choose.integer(1, 3))
+        batch = Batch(regime, pcp_size, requests, block_size, interleave,
+                      graph_size=widest + choose.integer(1, 3))
     specs: list[TensorSpec] = []
     while _more(choose, len(specs), 1, MAX_TENSORS_DRAWN):
         specs.append(_pick(choose, TENSOR_SPECS))
