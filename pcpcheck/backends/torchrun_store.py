@@ -110,7 +110,7 @@ class TorchrunBackend(Backend):
         parts = [wire.pack(*protocol.case_request(prepared, target, [rank])) for rank in range(self.size)]
         results = []
         for rank, (header, blobs) in enumerate(self._round(parts, self.timeout)):
-            if protocol.is_lost(header):
+            if not protocol.is_result(header):
                 results.append(protocol.read_lost(header))
                 continue
             try:
