@@ -129,7 +129,6 @@ class RandomChooser:
     boundary values."""
 
     def __init__(self, rng: random.Random) -> None:
-        self.rng = rng
         self.choices: list = []
         self._random = rng.random
         # randint(low, high) is low + _randbelow(high - low + 1): the same draws, one call
