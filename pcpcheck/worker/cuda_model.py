@@ -243,6 +243,12 @@ def modelled() -> bool:
 class _Accesses(TorchDispatchMode):
     """Logs, for the calling rank's model, every input an aten op reads or writes."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch otherwise wraps __torch_dispatch__ in _disable_dynamo, whose first call imports
+        # torch._dynamo: 1.6 s of CPU in every worker process, for a mode nothing compiles under
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         model = _model.get()
@@ -278,10 +284,3 @@ def installed():
             torch.Tensor.record_stream = saved_record
         else:
             del torch.Tensor.record_stream
-
-
-def warm_up() -> None:
-    """Enter the model once at load: the first TorchDispatchMode of a process costs about a
-    second (torch imports its machinery), which must not count against a case's timeout."""
-    with installed():
-        torch.zeros(1).add(1)

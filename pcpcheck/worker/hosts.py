@@ -49,9 +49,6 @@ class GatherHost:
             return None, protocol.load_error_reply(
                 f"{request.source}: loading failed: {type(exc).__name__}: {exc}"[:300])
         first = copies[0]
-        if first.protocol is not None:
-            from pcpcheck.worker import cuda_model
-            cuda_model.warm_up()
         return cls(copies, worker), protocol.loaded_reply(
             name=first.name, stand_ins=first.stand_ins, accepts_shard=first.accepts_shard,
             function_name=first.function_name,
