@@ -11,6 +11,8 @@ the verdicts are the detector's. The gloo backend: tests/test_procs.py.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,3 +145,17 @@ def test_several_protocol_classes_need_a_name(capsys):
     assert cli.main(["check", str(FORK), "--async", "--max-examples", "1"]) == 2
     err = capsys.readouterr().err
     assert "found NoReadyWait, NoRecordStream, PCPAsyncCacheUpdate, StartsWhileCapturing" in err
+
+
+def test_the_stream_model_does_not_import_torchs_compiler():
+    """The model's dispatch mode runs without torch._dynamo, which torch would import at the
+    mode's first op (1.6 s of CPU in every worker: a loaded machine pushed a gloo load past its
+    bound). A fresh interpreter: this one may have imported it for another test."""
+    probe = ("import sys, torch\n"
+             "from pcpcheck.worker import cuda_model\n"
+             "with cuda_model.installed():\n"
+             "    torch.zeros(2).add(1)\n"
+             "print('torch._dynamo' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=300)
+    assert done.stdout.strip() == "False", done.stdout + done.stderr[-2000:]
