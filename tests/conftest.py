@@ -17,6 +17,24 @@ settings.register_profile("thorough", deadline=None, max_examples=2000,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
+# .ci/run's stage that installs the kernels extra sets it: there a missing triton fails the tests
+# that need it, where a newcomer's run (the README's command, no extra) skips them.
+REQUIRE_KERNELS = "PCPCHECK_REQUIRE_KERNELS"
+
+
+def pytest_runtest_setup(item):
+    """A test marked `kernels` (it runs a release's triton kernels) skips, naming the extra, where
+    triton is not installed."""
+    import importlib.util
+
+    if item.get_closest_marker("kernels") is None or importlib.util.find_spec("triton"):
+        return
+    if os.environ.get(REQUIRE_KERNELS):
+        pytest.fail(f"triton is missing where {REQUIRE_KERNELS} is set: .ci/run installs "
+                    "pcpcheck[kernels] for this stage", pytrace=False)
+    pytest.skip("needs the kernels extra (triton): pip install 'pcpcheck[kernels]'")
+
+
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: two test processes per core. Many tests mostly wait (on a worker's timeout, a
     pcpcheck subprocess, a hang being detected); a second process per core fills that time."""

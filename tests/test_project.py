@@ -53,6 +53,17 @@ def test_ci_runs_the_readme_test_command():
     assert "pip install torch==2.13.0 -e . && pcpcheck" in readme
 
 
+def test_ci_runs_the_readme_test_command_in_a_fresh_virtual_environment():
+    """As a newcomer runs it: nothing installed first (the extras of .ci/run's earlier stage, in
+    the environment it was started in, would hide a test that fails without them)."""
+    lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    venv = next(i for i, line in enumerate(lines) if re.match(r'python -m venv "\$(\w+)"$', line))
+    name = re.match(r'python -m venv "\$(\w+)"$', lines[venv]).group(1)
+    assert lines[venv + 1:] == [f'source "${name}/bin/activate"', lines[-1]], lines[venv:]
+    assert not any("pip install" in line for line in lines[venv + 1:-1])
+
+
 def test_the_readme_is_a_newcomers_page_and_cites_no_internal_issue():
     """What a newcomer reads first stays short (the rest lives in docs/, linked from it); the
     project's own issue numbers mean nothing to a user."""

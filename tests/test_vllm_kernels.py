@@ -4,13 +4,13 @@ under triton's CPU interpreter), and its path table says which stage ran the rel
 Checkouts are built at test time from the 0.33.0 wheel (fetched as test_vllm.py fetches it;
 nothing of vLLM is committed), with one line of block_table.py's `_compute_slot_mappings_kernel`
 changed (bug class 15: an off-by-one in the DCP ownership test or in the local offset).
-Without triton these tests skip, except under CI=true (.ci/run installs pcpcheck[kernels]).
+Those marked `kernels` skip without triton (tests/conftest.py); .ci/run runs them in its stage
+with pcpcheck[kernels] installed.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -67,14 +67,6 @@ SPLIT_ONE_MORE = (BACKEND_UTILS, "num_decode_tokens = query_start_loc[first_pref
 HIDDEN_TRITON = 'raise ImportError("triton hidden by the test")\n'
 
 
-def _require_triton():
-    if importlib.util.find_spec("triton") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("triton is missing under CI: .ci/run installs pcpcheck[kernels]",
-                        pytrace=False)
-        pytest.skip("triton is not installed (pip install 'pcpcheck[kernels]')")
-
-
 def checkout(wheel: Path, root: Path, change: tuple[str, str, str] | None = None,
              more: tuple[str, ...] = ()) -> Path:
     """The release's Python files as a checkout (its PCP files, `more`, and every module they
@@ -93,6 +85,7 @@ def checkout(wheel: Path, root: Path, change: tuple[str, str, str] | None = None
     return root
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("change", [OWNERSHIP, LOCAL_OFFSET, REPLICATED_GROUP_SHARDED],
                          ids=["ownership", "local-offset", "replicated-group"])
 def test_an_off_by_one_in_the_slot_kernel_is_found(wheel, tmp_path, change):
@@ -100,7 +93,6 @@ def test_an_off_by_one_in_the_slot_kernel_is_found(wheel, tmp_path, change):
     it builds differs from the reference's (LAYOUT, the manager's `expanded` field). The caches
     need not show it too: the shrunk step's first KV group may land right by accident (a local
     offset one past a request's last block reads a zero table entry), its second does not."""
-    _require_triton()
     root = checkout(wheel, tmp_path / "checkout", change)
     result = check_release(root, regimes=(DCP,), max_examples=40, max_ranks=2)
     assert result.counterexamples and result.counterexamples[0].invariant == LAYOUT, \
@@ -117,7 +109,6 @@ def test_an_off_by_one_in_the_slot_kernel_is_found(wheel, tmp_path, change):
 def _changed_exits_1_release_exits_0(wheel, tmp_path, capsys, mutation) -> tuple[str, str]:
     """`pcpcheck vllm` on a checkout with `mutation` (exit 1) and on the release (exit 0), in dcp
     and replicated at P = 2: what each printed."""
-    _require_triton()
     options = ["--regime", "dcp", "--regime", "replicated", "--max-examples", "40",
                "--max-ranks", "2"]
     assert main(["vllm", str(checkout(wheel, tmp_path / "changed", mutation)), *options]) == 1
@@ -126,6 +117,7 @@ def _changed_exits_1_release_exits_0(wheel, tmp_path, capsys, mutation) -> tuple
     return changed, capsys.readouterr().out
 
 
+@pytest.mark.kernels
 def test_the_cli_exits_1_on_the_changed_kernel_and_0_on_the_release(wheel, tmp_path, capsys):
     changed, release = _changed_exits_1_release_exits_0(wheel, tmp_path, capsys, OWNERSHIP)
     assert "LAYOUT violated" in changed
@@ -143,12 +135,12 @@ NO_GATHER_WHEN_MOSTLY_LOCAL = (
     "    gathered_slot_mapping = slot_mapping[: pcp_size * local_num_tokens]\n")
 
 
+@pytest.mark.kernels
 def test_the_replicated_kv_group_is_judged_by_replica(wheel, tmp_path):
     """0.33 shards KV groups per `dcp_sharded`: under DCP the second group is replicated, and the
     gather's call with that group's map must leave every rank the whole group (REPLICA), while
     the first group's call is judged by SHARD. A gather wrong only on the replicated group's map
     is found there, shown as that group's call; the release holds."""
-    _require_triton()
     changed = check_release(checkout(wheel, tmp_path / "changed", NO_GATHER_WHEN_MOSTLY_LOCAL),
                             regimes=(DCP,), max_examples=40, max_ranks=2)
     found = {c.invariant: c for c in changed.counterexamples}
@@ -162,6 +154,7 @@ def test_the_replicated_kv_group_is_judged_by_replica(wheel, tmp_path):
     assert dict(regime.features)["several KV groups"] == regime.cases
 
 
+@pytest.mark.kernels
 def test_a_kernel_that_stops_masking_dummy_requests_exits_1(wheel, tmp_path, capsys):
     """0.33's slot kernel is given a step's graph padding as a dummy request (idx_mapping -1):
     unmasked, the dummy writes slots (LAYOUT's dummy_slots); as shipped, it writes none."""
@@ -172,24 +165,35 @@ def test_a_kernel_that_stops_masking_dummy_requests_exits_1(wheel, tmp_path, cap
     assert result.release.capabilities["dummy_requests"]
 
 
-def test_without_triton_the_kernel_stage_is_modeled_and_says_so(wheel, tmp_path):
-    """triton hidden from the worker: the header names the slot stage modeled and why, the
-    changed kernel is not run (so not found), and the run is otherwise the same check."""
-    hide = tmp_path / "hide" / "triton"
-    hide.mkdir(parents=True)
-    (hide / "__init__.py").write_text(HIDDEN_TRITON)
+@pytest.mark.parametrize("hidden", [("triton",), ("triton", "regex", "psutil", "cachetools")],
+                         ids=["triton", "the-kernels-extra"])
+def test_without_triton_the_kernel_stage_is_modeled_and_says_so(wheel, tmp_path, hidden):
+    """triton (or every package of the kernels extra but packaging, which pip itself needs: a
+    fresh `pip install pcpcheck`) hidden from the worker: the header names the slot stage modeled
+    and why, with the extra to install, the changed kernel is not run (so not found), and the run
+    is otherwise the same check: `regex` (vllm.platforms needs vllm.utils.import_utils, which
+    imports it) is served by the standard library's `re`, said so."""
+    for package in hidden:
+        (tmp_path / "hide" / package).mkdir(parents=True)
+        (tmp_path / "hide" / package / "__init__.py").write_text(
+            HIDDEN_TRITON if package == "triton" else
+            f"raise ModuleNotFoundError('hidden by the test', name={package!r})\n")
     changed = checkout(wheel, tmp_path / "changed", OWNERSHIP)
     done = subprocess.run([sys.executable, "-m", "pcpcheck.faces.cli", "vllm", str(changed), "--regime",
                            "dcp", "--max-examples", "20", "--max-ranks", "2", "--json",
                            str(tmp_path / "out.json")], capture_output=True, text=True,
-                          timeout=1800, env={**os.environ, "PYTHONPATH": str(hide.parent)})
+                          timeout=1800, env={**os.environ, "PYTHONPATH": str(tmp_path / "hide")})
     assert done.returncode == 0, done.stdout + done.stderr
     line = next(line for line in done.stdout.splitlines() if SLOT_MAPPING in line)
     assert line.split(SLOT_MAPPING)[1].split()[:1] == ["modeled"] and NO_TRITON in line, line
+    assert "pip install 'pcpcheck[kernels]'" in NO_TRITON
     paths = json.loads((tmp_path / "out.json").read_text())["release"]["paths"]
     stage = next(p for p in paths if p["stage"] == SLOT_MAPPING)
     assert stage["status"] == "modeled" and stage["reason"].startswith(NO_TRITON)
     assert stage["file"] is None  # read (the manager imports it), never run as the slot stage
+    if "regex" in hidden:
+        assert "adapted: regex: not installed (pip install 'pcpcheck[kernels]'): the standard " \
+               "library's re serves" in done.stdout, done.stdout
 
 
 # a sort that loses a request fails the step's layout on every rank; a split one token long

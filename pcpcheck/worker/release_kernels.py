@@ -32,7 +32,7 @@ import torch
 from pcpcheck.shared.errors import InterfaceDrift, LoadError
 from pcpcheck.shared.step_inputs import group_blocks
 from pcpcheck.worker.loader import exec_release_file
-from pcpcheck.worker.standins import StandInSpace
+from pcpcheck.worker.standins import INSTALL_KERNELS, StandInSpace
 from pcpcheck_spec.names import Batch
 
 if TYPE_CHECKING:  # annotations only
@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # annotations only
 
 BLOCK_TABLE = "vllm/v1/worker/gpu/block_table.py"
 BUFFER_UTILS = "vllm/v1/worker/gpu/buffer_utils.py"
-NO_TRITON = "triton is not installed (pip install 'pcpcheck[kernels]')"
+NO_TRITON = f"triton is not installed ({INSTALL_KERNELS})"
 MASK_CAST = ("triton interpreter: int8 masks (from `~sharded | is_local` over bool tensors) cast "
              "to bool in its masked load/store")
 ROW_SLACK = 8  # block-table entries past the longest request's blocks (zeros)

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -75,6 +76,14 @@ STANDIN_ROOT = "vllm"
 # pcpcheck's dependencies and its kernels extra's (pyproject.toml).
 RELEASE_DEPENDENCIES = frozenset({"numpy", "torch", "triton", "typing_extensions", "packaging",
                                   "regex", "psutil", "cachetools"})
+# Those only the kernels extra installs, and the hint a report gives where one is missing.
+KERNELS_EXTRA = frozenset({"triton", "packaging", "regex", "psutil", "cachetools"})
+INSTALL_KERNELS = "pip install 'pcpcheck[kernels]'"
+# A kernels-extra package served, where it is not installed, by the standard library module
+# whose syntax it keeps: vllm.utils.import_utils imports `regex` (as `re`, for one split), and
+# vllm.platforms needs that module to resolve the platform, on the path of every release. A
+# pattern `re` cannot compile fails its module, which is then stood in for as any other.
+STDLIB_FOR = {"regex": "re"}
 
 _load_lock = threading.RLock()
 _refused: list[str] = []  # every refused use in this process (Inert._refuse), until taken
@@ -498,6 +507,8 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                         and top not in RELEASE_DEPENDENCIES):
                     raise NotADependency(f"imports {top!r}, not among pcpcheck's dependencies",
                                          name=top)
+                if top in STDLIB_FOR and name == top and not _installed(top):
+                    return self._stdlib_for(top)
             absolute = name
             if level:
                 package = (globals or {}).get("__package__") or ""
@@ -515,6 +526,15 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return self.module(absolute.partition(".")[0])
 
         return standin_import
+
+    def _stdlib_for(self, package: str) -> types.ModuleType:
+        """The standard library module serving `package` (STDLIB_FOR), recorded once."""
+        with self._lock:
+            line = (f"{package}: not installed ({INSTALL_KERNELS}): the standard library's "
+                    f"{STDLIB_FOR[package]} serves the release's imports of it")
+            if line not in self.provided:
+                self.provided.append(line)
+        return importlib.import_module(STDLIB_FOR[package])
 
     def builtins_dict(self, release: bool = False) -> dict:
         namespace = dict(builtins.__dict__)
@@ -539,12 +559,23 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 sys.modules.update(saved)
 
 
+@functools.cache
+def _installed(package: str) -> bool:
+    """Whether `package` imports (one that is there but fails to import is as good as absent)."""
+    try:
+        importlib.import_module(package)
+    except ImportError:
+        return False
+    return True
+
+
 def _failure(exc: BaseException, filename: str) -> str:
     """Why a tree's module cannot run here, in one line."""
     if isinstance(exc, NotADependency):
         return f"{exc}"
     if isinstance(exc, ModuleNotFoundError) and exc.name:
-        return f"imports {exc.name!r}, which is not installed"
+        hint = f" ({INSTALL_KERNELS})" if exc.name in KERNELS_EXTRA else ""
+        return f"imports {exc.name!r}, which is not installed{hint}"
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
     where = f" (line {frames[-1].lineno})" if frames else ""
     if isinstance(exc, StandInError) and exc.name:
