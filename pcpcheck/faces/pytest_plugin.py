@@ -1,11 +1,15 @@
-"""pcpcheck's pytest plugin (entry point `pytest11`), for a host suite that checks its gather.
+"""pcpcheck's pytest plugin (entry point `pytest11`), for a host suite that checks its gather or
+a whole vLLM PCP path.
 
     pytest --pcp-target path/to/pcp.py [--pcp-target mypkg.pcp:gather] [--pcp-regime sharded]
-    python -m pytest --pcp-only --pcp-target vllm/v1/attention/ops/pcp.py   # in a vLLM checkout
+    python -m pytest --pcp-only --pcp-vllm .        # in a vLLM checkout: its whole PCP path
+    python -m pytest --pcp-only --pcp-target vllm/v1/attention/ops/pcp.py   # its gather alone
 
 Each target becomes one test item per regime x invariant (`REPLICA[draft-mixed]`): it passes,
 fails with the counterexample as its message, is skipped where the invariant does not apply, or
-xfails when `--pcp-baseline` lists it. The check of a target runs once, on its first item.
+xfails when `--pcp-baseline` lists it. The check of a target runs once, on its first item. A
+`--pcp-vllm` source (a checkout, a wheel, a release: what `pcpcheck vllm` takes) is judged as
+`pcpcheck vllm` judges it, so its items include LAYOUT, the manager's layout.
 
 The `pcpcheck` fixture runs `pcpcheck.check` for a custom test:
 
@@ -18,8 +22,9 @@ The `pcpcheck` fixture runs `pcpcheck.check` for a custom test:
 are dropped (a vLLM checkout's test files need GPU packages, and its settings are for its suite).
 
 Both take the host suite's hypothesis profile (max_examples, derandomize) and its
-`--hypothesis-seed`. Without --pcp-target the plugin adds only its options and the fixture:
-pcpcheck is not even imported. Nothing outlives a check: its rank threads or processes end with it.
+`--hypothesis-seed`. Without --pcp-target or --pcp-vllm the plugin adds only its options and the
+fixture: pcpcheck is not even imported. Nothing outlives a check: its rank threads or processes
+end with it.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ def pytest_addoption(parser) -> None:
     group = parser.getgroup("pcpcheck", "pcpcheck: check a vLLM PCP KV-cache gather")
     group.addoption("--pcp-target", action="append", default=[], metavar="TARGET",
                     help="a pcp.py file, module:function or impl to check (repeatable)")
+    group.addoption("--pcp-vllm", action="append", default=[], metavar="SOURCE",
+                    help="a vLLM checkout ('.'), wheel or release whose whole PCP path to check, "
+                         "as `pcpcheck vllm SOURCE` (repeatable)")
     group.addoption("--pcp-regime", action="append", default=[], metavar="REGIME",
                     help="regime to check, repeatable (default: all)")
     group.addoption("--pcp-max-examples", type=int, metavar="N",
@@ -89,22 +97,25 @@ def pcpcheck(request):
 
 @pytest.hookimpl(tryfirst=True)  # before -k / -m deselect, so they apply to these items too
 def pytest_collection_modifyitems(session, config, items) -> None:
-    targets = config.getoption("pcp_target")
-    if not targets:
-        return
+    sources = [(TargetCollector, "pcpcheck", target)
+               for target in dict.fromkeys(config.getoption("pcp_target"))]
+    sources += [(ReleaseCollector, "pcpcheck-vllm", source)
+                for source in dict.fromkeys(config.getoption("pcp_vllm"))]
     names: set[str] = set()
-    for target in dict.fromkeys(targets):
+    for kind, prefix, target in sources:
         # no "/" or "[" in a node id (pytest reads a path, JUnit a parameter into them): the
-        # file name, made unique
-        label = os.path.basename(target.rstrip("/\\")) or target
-        name, index = f"pcpcheck:{label}", 1
+        # file or folder name ("." as the folder's own), made unique
+        stripped = target.rstrip("/\\")
+        label = os.path.basename(os.path.abspath(stripped) if stripped in ("", ".") else stripped) \
+            or target
+        name, index = f"{prefix}:{label}", 1
         while name in names:
             index += 1
-            name = f"pcpcheck:{label}-{index}"
+            name = f"{prefix}:{label}-{index}"
         names.add(name)
         # collected as pytest collects a file: its report counts the items (the terminal's
         # "collected N items", JUnit, xdist) and a failure to collect is reported, not raised
-        collector = TargetCollector.from_parent(session, name=name, nodeid=name, target=target)
+        collector = kind.from_parent(session, name=name, nodeid=name, target=target)
         report = collector.ihook.pytest_make_collect_report(collector=collector)
         collector.ihook.pytest_collectreport(report=report)
         items.extend(node for node in report.result if isinstance(node, pytest.Item))
@@ -123,27 +134,32 @@ class TargetCollector(pytest.Collector):
         self._result = None
         self._error: str | None = None
 
+    def ids(self) -> tuple[str, ...]:
+        from pcpcheck_spec.registry import GATHER_IDS
+        return GATHER_IDS
+
     def collect(self):
         from pcpcheck_spec.names import DEFAULT_REGIMES
-        from pcpcheck_spec.registry import GATHER_IDS as IDS
         regimes = tuple(dict.fromkeys(self.config.getoption("pcp_regime"))) or DEFAULT_REGIMES
         for regime in regimes:
-            for invariant in IDS:
+            for invariant in self.ids():
                 yield CheckItem.from_parent(self, name=f"{invariant}[{regime}]",
                                             regime=regime, invariant=invariant)
 
+    def check(self, **options):
+        from pcpcheck.api import check
+        return check(self.target, **options, function=self.config.getoption("pcp_function"))
+
     def result(self):
         if self._result is None and self._error is None:
-            from pcpcheck.api import check
             from pcpcheck.shared.errors import ERRORS, CheckerError, error_line, internal_error_line
             config = self.config
             regimes = tuple(dict.fromkeys(config.getoption("pcp_regime"))) or None
             try:
-                self._result = check(self.target, **_host_options(config),
-                                     **({"regimes": regimes} if regimes else {}),
-                                     budget_s=config.getoption("pcp_budget"),
-                                     baseline=config.getoption("pcp_baseline"),
-                                     function=config.getoption("pcp_function"))
+                self._result = self.check(**_host_options(config),
+                                          **({"regimes": regimes} if regimes else {}),
+                                          budget_s=config.getoption("pcp_budget"),
+                                          baseline=config.getoption("pcp_baseline"))
             except ERRORS as exc:
                 self._error = f"pcpcheck cannot check {self.target}: {error_line(exc)}"
             except CheckerError as exc:  # pcpcheck's own failure, named as such: no verdict
@@ -151,6 +167,18 @@ class TargetCollector(pytest.Collector):
         if self._error is not None:
             raise CheckFailed(self._error)
         return self._result
+
+
+class ReleaseCollector(TargetCollector):
+    """A vLLM tree, wheel or release: its whole PCP path, judged as `pcpcheck vllm` judges it."""
+
+    def ids(self) -> tuple[str, ...]:
+        from pcpcheck_spec.registry import RELEASE_IDS
+        return RELEASE_IDS
+
+    def check(self, **options):
+        from pcpcheck.api import check_release
+        return check_release(self.target, **options)
 
 
 class CheckItem(pytest.Item):
