@@ -165,7 +165,8 @@ def test_summary_is_the_verdict_table_in_markdown(tmp_path, pcpcheck_check, caps
                              "1 counterexample(s), 1 shown")
     assert lines[2] == f"| invariant | {DRAFT_MIXED} (hazard) |"
     rows = dict(re.fullmatch(r"\| (\w+) \| (.*) \|", line).groups() for line in lines[4:4 + len(IDS)])
-    assert set(rows) == set(IDS) and rows[SHARD] == "n/a"
+    assert set(rows) == set(IDS) and rows[SHARD] == "n/a [1]"
+    assert f"- [1] {SHARD}: checked only with DCP (D > 1); {REPLICA} covers D = 1" in lines
     assert re.fullmatch(r"\d+/\d+ FAIL \*\*new\*\*", rows.pop(REPLICA))
     assert all(re.fullmatch(r"\d+ ok", cell) for invariant, cell in rows.items() if invariant != SHARD)
     assert any(line.startswith("- `REPLICA violated [hazard]") for line in lines)

@@ -33,12 +33,28 @@ def _one_line_error(capsys) -> str:
     (["check", "--frobnicate"], "unrecognized arguments: --frobnicate"),
     (["diff", "impl"], "the following arguments are required: NEW"),
     (["chek", "impl"], "unknown command 'chek': did you mean 'check'?"),
+    (["--max-exampels", "5"], "unknown option '--max-exampels': did you mean '--max-examples'?"),
+    (["check", "impl", "--max-exampels=5"], "unknown option '--max-exampels': did you mean "
+                                            "'--max-examples'?"),
+    (["diff", "a.py", "b.py", "--regimes", "dcp"], "unknown option '--regimes': did you mean "
+                                                   "'--regime'?"),
+    (["vllm", "0.33.0", "--jsno", "out.json"], "unknown option '--jsno': did you mean '--json'?"),
+    (["merge", "a.json", "--sumary", "s.md"], "unknown option '--sumary': did you mean "
+                                              "'--summary'?"),
+    (["--verison"], "unknown option '--verison': did you mean '--version'?"),
     (["vllm", "no/such/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"],
      "no/such/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl: no such file or directory"),
 ])
 def test_usage_errors_exit_2_with_one_line(argv, fragment, capsys):
     assert main(argv) == 2
     assert fragment in _one_line_error(capsys)
+
+
+def test_an_option_prefix_is_still_the_option_it_starts():
+    """argparse takes an unambiguous prefix (allow_abbrev): the typo check leaves it be."""
+    from pcpcheck.faces.options import parse
+    assert parse(["--max-ex", "5"]).max_examples == 5
+    assert parse(["vllm", "0.33.0", "--max-ex=7"]).max_examples == 7
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU torch can use")

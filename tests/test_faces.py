@@ -70,12 +70,13 @@ def test_html_index_gives_the_table_cells_the_terminal_gives(zero_pad_draft, tmp
     write_html(str(tmp_path), result)
     index = (tmp_path / "index.html").read_text()
     count = result.summary(DRAFT).count(REPLICA)
-    assert f"<td>{count.violated}/{count.checked} FAIL</td>" in index
+    # each cell marked by its outcome: REPLICA is baselined (known), the others new violations
+    assert re.search(rf'<td class="known"[^>]*>{count.violated}/{count.checked} FAIL</td>', index)
     table = "\n".join(report.verdict_table(result.regimes))
-    for invariant in (REPLICA, UNIQUE, PAD_HYGIENE):
+    for invariant, state in ((REPLICA, "known"), (UNIQUE, "fail"), (PAD_HYGIENE, "fail")):
         count = result.summary(DRAFT).count(invariant)
         cell = report.cell(count.checked, count.violated)
-        assert f"<td>{cell}</td>" in index and cell in table
+        assert re.search(rf'<td class="{state}"[^>]*>{cell}</td>', index) and cell in table
 
 
 def test_junit_gives_a_regime_the_target_cannot_reach_its_reason(tmp_path, pcpcheck_check):

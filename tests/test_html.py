@@ -16,7 +16,7 @@ import pytest
 from pcpcheck.api import check
 from pcpcheck.faces.cli import main
 from pcpcheck.render.html import BANNER, write_html
-from pcpcheck_spec.names import REPLICA, SHARDED
+from pcpcheck_spec.names import REPLICA, SHARD, SHARDED
 
 ZOO = Path(__file__).parent / "zoo"
 WIDTH, HEIGHT = 1200, 900
@@ -117,7 +117,7 @@ def test_counterexample_page_renders_with_its_invariant_visible(pages, tmp_path)
 
 def test_index_links_every_counterexample_page(pages):
     index = (pages / "index.html").read_text()
-    links = re.findall(r'href="([^"]+)"', index)
+    links = re.findall(r'href="([^#"][^"]*)"', index)  # "#note-1": a footnote of the table
     assert links == [p.name for p in sorted(pages.glob("counterexample-*.html"))]
     assert f">{REPLICA}</a>" in index
 
@@ -128,6 +128,37 @@ def test_html_dir_that_cannot_be_made_is_refused_before_the_run(tmp_path, capsys
     code = main(["check", str(ZOO / "correct.py"), "--html", str(blocker / "pages")])
     assert code == 2
     assert "--html" in capsys.readouterr().err
+
+
+def test_html_given_a_page_name_writes_that_page_with_the_others_beside_it(
+        tmp_path, pcpcheck_check, capsys):
+    """`--html out.html` is the index page (never a directory of that name); its pages sit in
+    its folder, named after it, and the links resolve. A name without .html stays a directory."""
+    index = tmp_path / "out.html"
+    assert pcpcheck_check([ZOO / "bug04_truncated_slots.py", "--regime", SHARDED,
+                           "--max-examples", "150", "--html", index]) == 1
+    assert index.is_file()
+    assert f"--html: wrote 2 page(s), start at {index}" in capsys.readouterr().out
+    links = re.findall(r'href="([^#"][^"]*)"', index.read_text())
+    assert links == ["out-counterexample-1-REPLICA-sharded.html"] and (tmp_path / links[0]).is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [links[0], "out.html"]
+    # a page name whose folder is missing is refused before the run, as --json's is
+    assert main(["check", str(ZOO / "correct.py"), "--html", str(tmp_path / "no" / "x.html")]) == 2
+    assert "--html" in capsys.readouterr().err and not (tmp_path / "no").exists()
+
+
+def test_index_marks_a_fail_cell_so_it_draws_the_eye(pages):
+    """A FAIL cell is bold on the banner's red, an n/a grey with a link to its reason, an ok cell
+    plain; each keeps the terminal's text."""
+    index = (pages / "index.html").read_text()
+    assert re.search(rf'<tr><th>{REPLICA}</th><td class="fail"[^>]*>\d+/\d+ FAIL</td></tr>', index)
+    assert re.search(rf'<tr><th>{SHARD}</th><td class="na">n/a <a href="#note-1">\[1\]</a></td>',
+                     index)
+    assert re.search(r"<tr><th>RETURNS</th><td>\d+ ok</td></tr>", index)
+    fail, na = (re.search(rf"table\.verdict td\.{name}\b[^{{]*\{{([^}}]*)\}}", index).group(1)
+                for name in ("fail", "na"))
+    assert f"background: {BANNER}" in fail and "font-weight: bold" in fail
+    assert "color: #999" in na
 
 
 def test_index_shows_coverage_with_its_zeros(pages):

@@ -2,10 +2,13 @@
 is n/a (not 0) in the text, the HTML and the JSON; a regime's throughput is one labelled figure;
 the Markdown summary counts violations and counterexamples in the text report's words; one bug
 is one shown counterexample (REPLICA and SHARD are one check under two names); `pcpcheck vllm`
-prints its verdict before the provenance of the release it judged."""
+prints its verdict before the provenance of the release it judged; every n/a of a verdict table
+gives its reason; the summary says where the rest of each counterexample is."""
 
 from __future__ import annotations
 
+import dataclasses
+import html
 import io
 import json
 import re
@@ -217,8 +220,7 @@ def test_release_verdict_comes_before_its_provenance(tmp_path, capsys):
     provenance = out.index("\nwhat the verdict above rests on: ")
     assert table < first < verdict < provenance, out
     for part in ("  files read: ", "  layout model: ", "  path (real: ", "    manager  ",
-                 "  stood in for (cannot run here): ", "  adapted: ",
-                 "  steps run by the release's own code"):
+                 "  stood in for (cannot run here): ", "  adapted: "):
         assert out.index(part) > provenance, part
     assert _coverage_row(out, KV_GROUPS) == ["n/a"]  # the fixture's second KV group is not run
 
@@ -229,3 +231,139 @@ def test_a_correct_release_reads_the_same_way(capsys):
     out = capsys.readouterr().out
     assert out.index("\ninvariant ") < out.index("every invariant holds") \
         < out.index("  files read: ") < out.index("  path (real: ")
+    # a real stage that ran on part of the steps says on how many and why, in its own row
+    rows = out[out.index("  path (real: "):].splitlines()
+    manager = next(i for i, row in enumerate(rows) if row.startswith("    manager "))
+    assert rows[manager].split()[1] == "real", rows[manager]
+    assert rows[manager + 1].split() == [
+        "on", "5", "of", "10", "steps", "(sharded", "5/5,", "draft", "0/5):", "expanded",
+        "regimes;", "draft", "steps", "take", "the", "reference's", "unexpanded", "map"]
+    wrapper = next(i for i, row in enumerate(rows) if row.startswith("    wrapper "))
+    assert re.fullmatch(r"on (\d+) of 10 steps \(sharded (\d)/5, draft (\d)/5\): steps of one "
+                        r"tensor .* call the gather directly", rows[wrapper + 1].strip()), rows
+    gather = next(i for i, row in enumerate(rows) if row.startswith("    gather "))
+    assert not rows[gather + 1].strip().startswith("on "), rows  # every step: no count
+    assert "steps run by the release's own code" not in out  # the rows carry the counts
+
+
+# --- 6. every n/a of a verdict table says why -----------------------------------------------------
+
+NO_SHARD_FLAG = "the gather has no shard_decode_requests parameter"
+MANAGER_SCOPE = "expanded regimes; draft steps take the reference's unexpanded map"
+
+
+def _result(regimes, ids, *, counterexamples=(), release=None) -> CheckResult:
+    """A result whose predicates ran where the registry applies them (30 cases each), none in a
+    regime given as (regime, why it is not applicable)."""
+    from pcpcheck.shared.results import Options
+    from pcpcheck_spec.registry import BY_ID
+    summaries = []
+    for regime in regimes:
+        regime, why = regime if isinstance(regime, tuple) else (regime, None)
+        checked = {i: 0 if why or regime not in BY_ID[i].regimes else 30 for i in ids}
+        summaries.append(_summary(regime, cases=0 if why else 30, not_applicable=why,
+                                  invariants=tuple(InvariantCount(i, n, 0) for i, n in checked.items())))
+    return CheckResult(version="0", target="t.py", target_name="t.py:gather", stand_ins=(),
+                       options=Options(regimes=tuple(s.regime for s in summaries)),
+                       regimes=tuple(summaries), counterexamples=tuple(counterexamples),
+                       release=release)
+
+
+def _table_cells(lines: list[str]) -> dict[str, list[str]]:
+    """invariant -> its cells, from the text report's verdict table."""
+    return {line.split()[0]: re.findall(r"n/a \[\d+\]|\d+/\d+ FAIL|\d+ ok|n/a", line[14:])
+            for line in lines[1:]}
+
+
+def test_every_na_cell_carries_its_reason_as_a_footnote_in_every_table():
+    """A regime the target cannot reach, SHARD where D = 1 and REPLICA where D > 1: each n/a is
+    `n/a [k]`, [k] below the table giving the reason, the same in the text, the Markdown summary,
+    the HTML index and JUnit; the text's columns stay aligned."""
+    from pcpcheck.render.junit import skip_reason
+    from pcpcheck_spec.registry import GATHER_IDS
+    result = _result([(SHARDED, NO_SHARD_FLAG), REPLICATED, DCP, DRAFT], GATHER_IDS)
+    text = report.result_text(result).splitlines()
+    table = text[1:2 + len(GATHER_IDS)]
+    assert len({len(line) for line in table}) == 1, table  # aligned
+    cells = _table_cells(table)
+    assert cells[PAIRING] == ["n/a [1]", "30 ok", "30 ok", "30 ok"]
+    assert cells[REPLICA] == ["n/a [1]", "30 ok", "n/a [2]", "30 ok"]
+    assert cells[SHARD] == ["n/a [1]", "n/a [3]", "30 ok", "n/a [3]"]
+    notes = [f"[1] regime {SHARDED} is not applicable to this target: {NO_SHARD_FLAG}",
+             f"[2] {REPLICA}: checked only where every rank holds the whole cache (D = 1); "
+             f"{SHARD} covers DCP (D > 1)",
+             f"[3] {SHARD}: checked only with DCP (D > 1); {REPLICA} covers D = 1"]
+    assert text[2 + len(GATHER_IDS):5 + len(GATHER_IDS)] == notes
+    markdown = summary_markdown(result).splitlines()
+    assert f"| {SHARD} | n/a [1] | n/a [3] | 30 ok | n/a [3] |" in markdown
+    assert [f"- {note}" for note in notes] == [line for line in markdown if line.startswith("- [")]
+    page = index_page(result, [])
+    assert f'<tr><th>{SHARD}</th><td class="na">n/a <a href="#note-1">[1]</a></td>' in page
+    for number, note in enumerate(notes, 1):
+        assert f'<p class="note" id="note-{number}">{html.escape(note)}</p>' in page
+    # JUnit's skipped case and the pytest item give the footnote's words
+    assert skip_reason(result, result.summary(DCP), REPLICA, "n/a") == notes[1][4:]
+    assert skip_reason(result, result.summary(SHARDED), REPLICA, "n/a") == notes[0][4:]
+
+
+def test_layout_under_draft_says_from_the_path_table_that_no_manager_lays_it_out():
+    """A release's LAYOUT is n/a under draft: the reason is its path table's manager stage."""
+    from pcpcheck.shared.protocol import MANAGER_STAGE
+    from pcpcheck.shared.results import PathStage, ReleaseRecord
+    from pcpcheck_spec.names import LAYOUT
+    from pcpcheck_spec.registry import RELEASE_IDS
+    manager = PathStage(stage=MANAGER_STAGE, status="real", file="vllm/v1/worker/gpu/pcp_manager.py",
+                        sha256="0" * 64, reason=MANAGER_SCOPE)
+    release = ReleaseRecord(release="0.34.0", kind="wheel", location="w.whl", files=(),
+                            adapted=(), layout_model="0.30", paths=(manager,))
+    result = _result([SHARDED, DRAFT], RELEASE_IDS, release=release)
+    reason = (f"{LAYOUT} under {DRAFT}: its steps are not laid out by the release's manager "
+              f"(path table, manager: {MANAGER_SCOPE})")
+    assert report.not_applicable_reason(result, result.summary(DRAFT), LAYOUT) == reason
+    markdown = summary_markdown(result)
+    assert f"| {LAYOUT} | 30 ok | n/a [1] |" in markdown and f"- [1] {reason}\n" in markdown
+
+
+def test_a_release_report_gives_layout_under_draft_its_reason(capsys):
+    assert main(["vllm", str(RELEASE_TREE), "--regime", SHARDED, "--regime", DRAFT,
+                 "--max-examples", "5", "--max-ranks", "2"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^LAYOUT +\d+ ok +n/a \[(\d)\]$", out, re.M), out
+    assert re.search(r"^\[\d\] LAYOUT under draft: its steps are not laid out by the release's "
+                     r"manager \(path table, manager: expanded regimes; draft steps take the "
+                     r"reference's unexpanded map\)$", out, re.M), out
+
+
+# --- 7. the summary says where the rest of each counterexample is -------------------------------
+
+def _violated() -> CheckResult:
+    from pcpcheck.shared.results import Counterexample, ViolationRecord
+    first = f"{REPLICA} violated on rank(s) [1] (regime {REPLICATED})"
+    counterexample = Counterexample(regime=REPLICATED, violations=(ViolationRecord(REPLICA, (1,)),),
+                                    case="{}", replay="pcpcheck check t.py --replay '{}'",
+                                    report=first + "\n  batch: ...", known=False)
+    result = _result([REPLICATED], (REPLICA,), counterexamples=[counterexample])
+    summary = dataclasses.replace(result.regimes[0], invariants=(InvariantCount(REPLICA, 30, 2),))
+    return dataclasses.replace(result, regimes=(summary,))
+
+
+def test_the_summary_names_the_artifacts_only_in_github_actions(monkeypatch, tmp_path):
+    result = _violated()
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    assert "Counterexamples (the whole report, JSON and pages are in the artifacts):" \
+        in summary_markdown(result, {"json": "out.json"})
+    monkeypatch.delenv("GITHUB_ACTIONS")
+    markdown = summary_markdown(result)
+    assert "artifacts" not in markdown
+    assert "Counterexamples (the whole report is the command's output):" in markdown
+    # what this run wrote, as the command wrote it (a --json to stdout is the command's output)
+    from pcpcheck.render.outputs import write_outputs
+    args = SimpleNamespace(json=str(tmp_path / "out.json"), html=str(tmp_path / "pages"),
+                           summary=str(tmp_path / "s.md"), junit=None, repro_dir=None)
+    write_outputs(args, result)
+    assert (f"Counterexamples (each in full in `{args.json}` and the pages from "
+            f"`{tmp_path / 'pages' / 'index.html'}`):") in (tmp_path / "s.md").read_text()
+    args.json, args.html, args.json_stream = "-", None, io.StringIO()
+    write_outputs(args, result)
+    assert "Counterexamples (the whole report is the command's output):" \
+        in (tmp_path / "s.md").read_text()

@@ -40,6 +40,27 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse would exit itself; we want one line and exit 2
         raise UsageError(message)
 
+    def parse_known_args(self, args=None, namespace=None):
+        # Each subcommand's parser sees its own leftovers here, before the top parser reports
+        # them all as "unrecognized arguments": only it knows which options were meant.
+        parsed, extras = super().parse_known_args(args, namespace)
+        for word in extras:
+            self._refuse_a_mistyped_option(word)
+        return parsed, extras
+
+    def _refuse_a_mistyped_option(self, word: str) -> None:
+        """`--max-exampels 5` (or `--max-exampels=5`): an unknown option close to one of this
+        parser's is a typo (a prefix of one argparse has already taken: allow_abbrev)."""
+        if not word.startswith("-") or word == "-":
+            return
+        name = word.split("=", 1)[0]
+        options = {option.lstrip("-"): option for option in self._option_string_actions}
+        # dashes stripped: every option shares them, which would make unrelated names "close"
+        close = difflib.get_close_matches(name.lstrip("-").lower(), options, n=1, cutoff=0.7)
+        if close:
+            raise UsageError(f"unknown option {name!r}: did you mean {options[close[0]]!r}? "
+                             f"({self.prog} --help lists every option)")
+
 
 def _positive_int(text: str) -> int:
     try:
@@ -115,8 +136,10 @@ def _add_reports(parser: argparse.ArgumentParser) -> None:
 def _add_ci_outputs(parser: argparse.ArgumentParser) -> None:
     """What `check` and `vllm` write for CI besides --json, and the known violations."""
     _add_reports(parser)
-    parser.add_argument("--html", metavar="DIR",
-                        help="write a page per counterexample and a summary page into DIR")
+    parser.add_argument("--html", metavar="DIR|NAME.html",
+                        help="write a page per counterexample and a summary page into DIR; "
+                             "a path ending .html is the summary page itself, the others "
+                             "written beside it")
     parser.add_argument("--baseline", metavar="FILE",
                         help="known violations, one 'REGIME INVARIANT' per line (# comments): "
                              "they do not fail the run; listed ones no longer found are reported")

@@ -1,5 +1,5 @@
-"""`--html DIR`: a self-contained page per counterexample (inline CSS, no script, no external
-asset) and an index page linking them.
+"""`--html DIR` (or `--html NAME.html`): a self-contained page per counterexample (inline CSS,
+no script, no external asset) and an index page linking them.
 
 A page shows, for the shrunk case: each rank's input rows as a grid, coloured by request (hue)
 and by kind (prefill solid, decode light with a bar, padding hatched grey); the slot map beneath
@@ -14,11 +14,13 @@ import os
 
 from pcpcheck.judge import race
 from pcpcheck.judge.explain import label
-from pcpcheck.render.report import cell, checked_ids, coverage_rows
+from pcpcheck.render.outputs import html_page
+from pcpcheck.render.report import cell, checked_ids, coverage_rows, not_applicable_notes
 from pcpcheck.shared.case import describe
 from pcpcheck.shared.results import Counterexample
 
 BANNER = "#c8102e"  # the violated invariant's banner: tests look for this colour in a screenshot
+KNOWN = "#f5b041"  # a known (baselined) violation's cell in the index's verdict table
 
 _STYLE = f"""
 body {{ font-family: sans-serif; margin: 16px; color: #222; background: #fff; }}
@@ -51,6 +53,12 @@ table.streams td.host {{ color: #666; font-style: italic; text-align: center; }}
 table.streams td.first, span.first {{ background: #fde2b8; outline: 3px solid #e07000; }}
 table.streams td.second, span.second {{ background: #f8d0d6; outline: 3px solid {BANNER}; }}
 .edge {{ color: {BANNER}; font-weight: bold; }}
+table.verdict td {{ padding: 0 8px; text-align: right; }}
+table.verdict td.fail, span.fail {{ background: {BANNER}; color: #fff; font-weight: bold; }}
+table.verdict td.known, span.known {{ background: {KNOWN}; color: #222; font-weight: bold; }}
+span.fail, span.known {{ padding: 0 4px; }}
+table.verdict td.na {{ color: #999; }}
+table.verdict td.na a {{ color: inherit; }}
 """
 
 
@@ -215,16 +223,24 @@ def index_page(result, pages: list[tuple[str, Counterexample]]) -> str:
                         f"{list(c.ranks)}, regime {html.escape(c.regime)}{known}</li>")
         body.append("</ul>")
     header = "".join(f"<th>{html.escape(s.regime)}</th>" for s in result.regimes)
+    ids = checked_ids(result)
+    marks, notes = not_applicable_notes(result, ids)
     rows = []
-    for invariant in checked_ids(result):
+    for invariant in ids:
         cells = []
         for summary in result.regimes:
             count = summary.count(invariant)
-            cells.append(f"<td>{cell(count.checked, count.violated)}</td>")
+            cells.append(_verdict_cell(result, summary.regime, invariant, count,
+                                       marks.get((summary.regime, invariant))))
         rows.append(f"<tr><th>{invariant}</th>{''.join(cells)}</tr>")
     cases = "".join(f"<td>{s.cases}</td>" for s in result.regimes)
-    body.append(f'<h2>Verdict per regime</h2><table class="grid"><tr><th></th>{header}</tr>'
-                f"<tr><th>cases</th>{cases}</tr>{''.join(rows)}</table>")
+    body.append(f'<h2>Verdict per regime</h2><table class="grid verdict" id="verdict">'
+                f"<tr><th></th>{header}</tr><tr><th>cases</th>{cases}</tr>{''.join(rows)}</table>")
+    body += [f'<p class="note" id="note-{number}">{html.escape(note)}</p>'
+             for number, note in enumerate(notes, 1)]
+    if any(s.violated for s in result.regimes):  # what the colours of its FAIL cells say
+        body.append('<p class="note"><span class="fail">red</span>: a violation that fails the run; '
+                    '<span class="known">amber</span>: a known one, listed in the baseline</p>')
     covered, coverage = coverage_rows(result.regimes)
     if covered:  # what the cases exercised, 0 where none did, n/a where none could (the report's)
         lines = "".join(f"<tr><th>{html.escape(name)}</th>"
@@ -236,18 +252,44 @@ def index_page(result, pages: list[tuple[str, Counterexample]]) -> str:
     return _page(f"pcpcheck: {result.target_name}", "".join(body))
 
 
-def write_html(directory: str, result) -> list[str]:
-    """Write one page per counterexample and index.html; return their paths."""
-    os.makedirs(directory, exist_ok=True)
+def _verdict_cell(result, regime: str, invariant: str, count, note: int | None) -> str:
+    """One cell of the index's verdict table, the terminal's text, marked by its outcome
+    (CheckResult.outcome): a new violation red, a known one amber, n/a grey with a link to the
+    footnote giving its reason."""
+    state, _ = result.outcome(regime, invariant)
+    text = cell(count.checked, count.violated)
+    if state == "failed":
+        return f'<td class="fail" title="violated: fails the run">{text}</td>'
+    if state == "known":
+        return (f'<td class="known" title="known violation, listed in '
+                f'{html.escape(result.baseline.path)}">{text}</td>')
+    if state == "n/a":
+        link = "" if note is None else f' <a href="#note-{note}">[{note}]</a>'
+        return f'<td class="na">{text}{link}</td>'
+    return f"<td>{text}</td>"
+
+
+def write_html(path: str, result) -> list[str]:
+    """Write one page per counterexample and the index page; return their paths, the index's
+    first. `path`: a directory (made if need be) for index.html and the pages, or the index page
+    itself, NAME.html (outputs.html_page), with the pages beside it named NAME-counterexample-...
+    (two indexes in one folder keep their own pages)."""
+    if html_page(path):
+        directory, index_name = os.path.split(path)
+        prefix = os.path.splitext(index_name)[0] + "-"
+    else:
+        directory, index_name, prefix = path, "index.html", ""
+        os.makedirs(directory, exist_ok=True)
     pages, paths = [], []
     for number, counterexample in enumerate(result.counterexamples, 1):
-        filename = f"counterexample-{number}-{counterexample.invariant}-{counterexample.regime}.html"
-        path = os.path.join(directory, filename)
-        with open(path, "w", encoding="utf-8") as handle:
+        filename = (f"{prefix}counterexample-{number}-{counterexample.invariant}-"
+                    f"{counterexample.regime}.html")
+        page = os.path.join(directory, filename)
+        with open(page, "w", encoding="utf-8") as handle:
             handle.write(counterexample_page(counterexample, result.target))
         pages.append((filename, counterexample))
-        paths.append(path)
-    index = os.path.join(directory, "index.html")
+        paths.append(page)
+    index = os.path.join(directory, index_name)
     with open(index, "w", encoding="utf-8") as handle:
         handle.write(index_page(result, pages))
     return [index, *paths]

@@ -1,23 +1,22 @@
 """`--junit FILE`: one JUnit test case per regime x invariant, as CI dashboards read them.
 
 failed: a new violation (the counterexample report is the failure text); skipped: not
-applicable in that regime (REPLICA under dcp, SHARD elsewhere) or a baselined violation."""
+applicable in that regime (REPLICA under dcp, SHARD elsewhere: the reason the verdict table's
+footnote gives) or a baselined violation."""
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from pcpcheck.render.report import checked_ids
+from pcpcheck.render.report import checked_ids, not_applicable_reason
 
 
 def skip_reason(result, summary, invariant: str, state: str) -> str:
-    """Why a regime x invariant is not run ("n/a") or not failed ("known"): the words JUnit and
-    the pytest plugin give."""
+    """Why a regime x invariant is not run ("n/a": the verdict tables' footnote) or not failed
+    ("known"): the words JUnit and the pytest plugin give."""
     if state == "known":
         return f"known violation, listed in {result.baseline.path}"
-    if summary.not_applicable:
-        return f"regime {summary.regime} is not applicable to this target: {summary.not_applicable}"
-    return f"{invariant} does not apply in regime {summary.regime}"
+    return not_applicable_reason(result, summary, invariant)
 
 
 def junit_xml(result) -> str:

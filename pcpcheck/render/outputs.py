@@ -20,6 +20,12 @@ def _option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def html_page(path: str) -> bool:
+    """`--html NAME.html` names the index page itself, the other pages beside it; any other
+    path is the directory of them all."""
+    return path.lower().endswith(".html")
+
+
 def check_outputs(args) -> None:
     """Every output path usable, before the run: UsageError (exit 2) names the first that is not."""
     for name in _FILES + _DIRS:
@@ -27,7 +33,7 @@ def check_outputs(args) -> None:
         if not path or (name == "json" and path == STDOUT):
             continue
         option = _option(name)
-        is_dir = name in _DIRS
+        is_dir = name in _DIRS and not (name == "html" and html_page(path))
         if os.path.exists(path):
             if os.path.isdir(path) != is_dir:
                 raise UsageError(f"{option} {path}: " + ("not a directory" if is_dir else "is a directory"))
@@ -66,21 +72,25 @@ def write_outputs(args, result) -> None:
         written = attempt("repro_dir", lambda path: write_reproducers(path, result),
                           lambda paths: f"{len(paths)} reproducer(s) into {args.repro_dir}")
         result = dataclasses.replace(result, reproducers=tuple(written or ()))
+    in_full: dict[str, str] = {}  # the outputs that hold every counterexample, for the summary
     if getattr(args, "html", None):
         from pcpcheck.render.html import write_html
-        attempt("html", lambda path: write_html(path, result),
-                lambda paths: f"{len(paths)} page(s), start at {paths[0]}")
+        pages = attempt("html", lambda path: write_html(path, result),
+                        lambda paths: f"{len(paths)} page(s), start at {paths[0]}")
+        if pages:
+            in_full["html"] = pages[0]
     if getattr(args, "json", None) == STDOUT:
         args.json_stream.write(result.to_json() + "\n")
         args.json_stream.flush()
     elif getattr(args, "json", None):
-        attempt("json", lambda path: _write_text(path, result.to_json()), lambda path: path)
+        if attempt("json", lambda path: _write_text(path, result.to_json()), lambda path: path):
+            in_full["json"] = args.json
     if getattr(args, "junit", None):
         from pcpcheck.render.junit import junit_xml
         attempt("junit", lambda path: _write_text(path, junit_xml(result)), lambda path: path)
     if getattr(args, "summary", None):
         from pcpcheck.render.summary import summary_markdown
-        attempt("summary", lambda path: _write_text(path, summary_markdown(result)),
+        attempt("summary", lambda path: _write_text(path, summary_markdown(result, in_full)),
                 lambda path: path)
     if failed:
         print(f"pcpcheck: the verdict above stands (exit {result.exit_code}); {failed} "

@@ -11,9 +11,10 @@ from pcpcheck.api.assemble import SAME_CHECK
 from pcpcheck.judge import coverage
 from pcpcheck.judge.explain import LEGEND
 from pcpcheck.search.scope import parse_scope
-from pcpcheck.shared.protocol import STAGES, split_function
-from pcpcheck_spec.names import DCP, HAZARD_REGIMES
-from pcpcheck_spec.registry import ASYNC_IDS, GATHER_IDS, RELEASE_IDS
+from pcpcheck.shared.protocol import MANAGER_STAGE, split_function
+from pcpcheck.shared.results import NOT_EVALUATED
+from pcpcheck_spec.names import DCP, HAZARD_REGIMES, LAYOUT, REPLICA, SHARD
+from pcpcheck_spec.registry import ASYNC_IDS, BY_ID, GATHER_IDS, RELEASE_IDS
 
 
 def folded_line(names: list[str]) -> str | None:
@@ -39,21 +40,73 @@ def folded_name(folded, host) -> str:
     return f"{name}, {other}'s check where D {'>' if folded.regime == DCP else '='} 1"
 
 
-def cell(checked: int, violated: int) -> str:
-    """One regime x invariant of the verdict table (and of the HTML index)."""
+def cell(checked: int, violated: int, note: int | None = None) -> str:
+    """One regime x invariant of the verdict table (and of the HTML index); `note`: the number
+    of the footnote that gives an n/a its reason (not_applicable_notes)."""
     if not checked:
-        return "n/a"
+        return "n/a" if note is None else f"n/a [{note}]"
     return f"{violated}/{checked} FAIL" if violated else f"{checked} ok"
 
 
-def verdict_table(results, ids=GATHER_IDS) -> list[str]:
+# Where the two cache checks apply, and which covers the rest (spec/registry.py's regimes)
+_CACHE_CHECKS = {SHARD: "checked only with DCP (D > 1); REPLICA covers D = 1",
+                 REPLICA: "checked only where every rank holds the whole cache (D = 1); SHARD "
+                          "covers DCP (D > 1)"}
+
+
+def not_applicable_reason(result, summary, invariant: str) -> str:
+    """Why a regime x invariant is n/a (checked on no case), in one line naming what it is
+    about: the verdict tables' footnotes, JUnit's skipped case and the pytest item all give it
+    (pcpcheck.render.junit.skip_reason)."""
+    regime, why = summary.regime, summary.not_applicable
+    if why:
+        return (f"regime {regime} was {why}" if why.startswith(NOT_EVALUATED)
+                else f"regime {regime} is not applicable to this target: {why}")
+    entry = BY_ID.get(invariant)
+    if entry is not None and regime not in entry.regimes:
+        if invariant in _CACHE_CHECKS:
+            return f"{invariant}: {_CACHE_CHECKS[invariant]}"
+        if invariant in ASYNC_IDS:  # one reason for the four
+            return ("ASYNC_*: the asynchronous protocol runs only where decodes are sharded "
+                    f"(regime {', '.join(entry.regimes)})")
+        manager = next((stage for stage in result.release.paths if stage.stage == MANAGER_STAGE),
+                       None) if invariant == LAYOUT and result.release is not None else None
+        if manager is not None:  # the path table says which steps the release's manager lays out
+            return (f"{LAYOUT} under {regime}: its steps are not laid out by the release's "
+                    f"manager (path table, manager: {manager.reason})")
+        return f"{invariant}: checked only in {', '.join(entry.regimes)}"
+    if not summary.cases:
+        return f"regime {regime}: no case ran" + (
+            f" within the budget of {result.options.budget_s:g} s" if summary.budget_reached else "")
+    if entry is not None and entry.needs_output:
+        return (f"{invariant} under {regime}: it judges what a call returned, and no rank's call "
+                "returned well-formed outputs (RETURNS)")
+    return f"{invariant} under {regime}: evaluated on no case"
+
+
+def not_applicable_notes(result, ids) -> tuple[dict[tuple[str, str], int], list[str]]:
+    """The verdict table's n/a cells, (regime, invariant) -> the number of their reason's
+    footnote (one per distinct not_applicable_reason, numbered in reading order), and the
+    footnotes to print below the table: "[1] SHARD: checked only with DCP ..."."""
+    numbers: dict[str, int] = {}
+    marks = {}
+    for invariant in ids:
+        for summary in result.regimes:
+            if not summary.count(invariant).checked:
+                reason = not_applicable_reason(result, summary, invariant)
+                marks[summary.regime, invariant] = numbers.setdefault(reason, len(numbers) + 1)
+    return marks, [f"[{number}] {reason}" for reason, number in numbers.items()]
+
+
+def verdict_table(results, ids=GATHER_IDS, notes=None) -> list[str]:
     """Per regime and invariant (`ids`: those of the checker): cases the predicate ran on, and
-    on how many it failed."""
+    on how many it failed; `notes`: (regime, invariant) -> the footnote of an n/a's reason."""
     regimes = [r.regime + (" [hazard]" if r.regime in HAZARD_REGIMES else "") for r in results]
     width = max(12, *(len(r) + 2 for r in regimes))
     lines = ["invariant".ljust(14) + "".join(r.rjust(width) for r in regimes)]
     for invariant in ids:
-        cells = [cell(result.checked.get(invariant, 0), result.violated.get(invariant, 0)).rjust(width)
+        cells = [cell(result.checked.get(invariant, 0), result.violated.get(invariant, 0),
+                      (notes or {}).get((result.regime, invariant))).rjust(width)
                  for result in results]
         lines.append(invariant.ljust(14) + "".join(cells))
     return lines
@@ -133,7 +186,8 @@ def result_text(result) -> str:
     """The whole report of a CheckResult as `pcpcheck check` and `pcpcheck vllm` print it: the
     verdict table, each shown counterexample, and the summary lines."""
     ids = checked_ids(result)
-    lines = ["", *verdict_table(result.regimes, ids)]
+    marks, notes = not_applicable_notes(result, ids)
+    lines = ["", *verdict_table(result.regimes, ids, marks), *notes]
     covered = coverage_table(result.regimes)
     if covered:
         lines += ["", *covered]
@@ -171,18 +225,23 @@ def result_text(result) -> str:
 
 
 def release_evidence(result) -> list[str]:
-    """A release's provenance (release_provenance) and the steps each real stage of its path
-    table ran, per regime."""
+    """A release's provenance (release_provenance), each real stage of its path table with the
+    steps it ran."""
     record = result.release
-    lines = [f"what the verdict above rests on: {result.target_name} ({record.kind} "
-             f"{record.location})", *release_provenance(record, result.stand_ins)]
-    lines.append("  steps run by the release's own code, per stage of the path table:")
-    for s in result.regimes:
-        if s.not_applicable is None:
-            counts = dict(s.real_stages)
-            lines.append(f"    {s.regime:<12} {s.cases} steps: " + ", ".join(
-                f"{stage} {counts[stage]}" for stage in STAGES if stage in counts))
-    return lines
+    run = [s for s in result.regimes if s.not_applicable is None]
+    return [f"what the verdict above rests on: {result.target_name} ({record.kind} "
+            f"{record.location})", *release_provenance(record, result.stand_ins, run)]
+
+
+def stage_steps(stage: str, regimes) -> str:
+    """How many of the regimes' steps a real stage ran: "" where it ran on every one, else "on N
+    of M steps (regime n/m, ...)"."""
+    ran = [dict(s.real_stages).get(stage, 0) for s in regimes]
+    total = sum(s.cases for s in regimes)
+    if sum(ran) == total:
+        return ""
+    return (f"on {sum(ran)} of {total} steps ("
+            + ", ".join(f"{s.regime} {n}/{s.cases}" for s, n in zip(regimes, ran)) + ")")
 
 
 def exhaustive_line(result, summary: str) -> str:
@@ -210,10 +269,11 @@ def release_header(record, name: str, stand_ins) -> list[str]:
     return [release_title(record, name), *release_provenance(record, stand_ins)]
 
 
-def release_provenance(record, stand_ins) -> list[str]:
+def release_provenance(record, stand_ins, regimes=()) -> list[str]:
     """Where a release's verdict comes from (a results.ReleaseRecord): files, layout model,
-    capabilities, the path table, stand-ins, adaptations. The report prints it after the verdict
-    (result_text), a replay after the title."""
+    capabilities, the path table (with the `regimes`' steps each real stage ran on, where they are
+    known), stand-ins, adaptations. The report prints it after the verdict (result_text), a
+    replay after the title."""
     caps = record.capabilities
     lines = [f"  files read: {len(record.files)} (the path's below; every sha256 in --json)"]
     lines.append(f"  layout model: reference era {record.layout_model} "
@@ -227,7 +287,10 @@ def release_provenance(record, stand_ins) -> list[str]:
     for stage in record.paths:
         where = (f"{stage.file}  {stage.sha256}" if stage.status == "real" else stage.reason)
         lines.append(f"    {stage.stage:<27} {stage.status:<8} {where}")
-        if stage.status == "real" and stage.reason:
+        steps = stage_steps(stage.stage, regimes) if regimes and stage.status == "real" else ""
+        if steps:  # a real stage that did not run on every step: how often, and why
+            lines.append(f"    {'':<27} {'':<8} {steps}" + (f": {stage.reason}" if stage.reason else ""))
+        elif stage.status == "real" and stage.reason:
             lines.append(f"    {'':<27} {'':<8} ({stage.reason})")
     lines += [f"  stood in for (cannot run here): {line}" for line in stand_ins]
     lines += [f"  adapted: {note}" for note in record.adapted]

@@ -1,13 +1,20 @@
 """`--summary FILE`: the verdict as Markdown, for a CI job's summary page (the GitHub Action
 appends it to `$GITHUB_STEP_SUMMARY`): a headline, the verdict table with the report's cells
-(each regime x invariant marked with its outcome, as JUnit and the pytest items give it), the
-regimes not applicable and why, what an exhaustive run covered, whether the budget cut the run
-short, and the first line of each shown counterexample."""
+(each regime x invariant marked with its outcome, as JUnit and the pytest items give it, each
+n/a with its reason's footnote), what an exhaustive run covered, whether the budget cut the run
+short, and the first line of each shown counterexample, with where the rest of it is."""
 
 from __future__ import annotations
 
-from pcpcheck.render.report import cell, checked_ids, exhaustive_line, verdict_words
-from pcpcheck.shared.results import unreached
+import os
+
+from pcpcheck.render.report import (
+    cell,
+    checked_ids,
+    exhaustive_line,
+    not_applicable_notes,
+    verdict_words,
+)
 from pcpcheck_spec.names import HAZARD_REGIMES
 
 _MARK = {"failed": " **new**", "known": " (known)", "passed": "", "n/a": ""}
@@ -17,8 +24,23 @@ def _escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def summary_markdown(result) -> str:
+def _where_the_rest_is(written: dict[str, str]) -> str:
+    """Where a reader of the summary finds each counterexample in full: in GitHub Actions, the
+    artifacts (the Action uploads them; GitHub sets GITHUB_ACTIONS); elsewhere the files this
+    run wrote (`written`: "json", "html" -> path), else the command's own output."""
+    if os.environ.get("GITHUB_ACTIONS") == "true":
+        return "the whole report, JSON and pages are in the artifacts"
+    files = [f"{what}`{written[name]}`" for name, what in (("json", ""), ("html", "the pages from "))
+             if name in written]
+    return "each in full in " + " and ".join(files) if files else \
+        "the whole report is the command's output"
+
+
+def summary_markdown(result, written: dict[str, str] | None = None) -> str:
+    """The summary; `written`: the outputs this run wrote that hold every counterexample in full
+    ("json": its file, "html": the index page), which it names outside GitHub Actions."""
     ids = checked_ids(result)
+    marks, notes = not_applicable_notes(result, ids)
     record = result.release
     checked = (f"vLLM {record.release} ({record.kind} {record.location})" if record is not None
                else result.target_name)
@@ -33,21 +55,21 @@ def summary_markdown(result) -> str:
         for summary in result.regimes:
             count = summary.count(invariant)
             state, _ = result.outcome(summary.regime, invariant)
-            cells.append(cell(count.checked, count.violated) + _MARK[state])
+            cells.append(cell(count.checked, count.violated, marks.get((summary.regime, invariant)))
+                         + _MARK[state])
         lines.append(f"| {invariant} | " + " | ".join(cells) + " |")
     lines.append("")
+    if notes:
+        lines += [f"- {_escape(note)}" for note in notes] + [""]
     lines.append("cases per regime: " + ", ".join(f"{s.regime} {s.cases}" for s in result.regimes))
     if result.options.scope is not None:  # the bounded claim, or how much of it was checked
         lines += ["", _escape(exhaustive_line(result, verdict))]
     if any(s.budget_reached for s in result.regimes):
         lines += ["", f"The budget of {result.options.budget_s:g} s was reached: the counts are "
                   "of the cases checked before it."]
-    for summary in result.regimes:
-        if summary.not_applicable:
-            lines.append(f"- {summary.regime}: {_escape(unreached(summary.not_applicable, 'not applicable: '))}")
     shown = [c for c in result.counterexamples if c.folded_into is None]
     if shown:
-        lines += ["", "Counterexamples (the whole report, JSON and pages are in the artifacts):", ""]
+        lines += ["", f"Counterexamples ({_where_the_rest_is(written or {})}):", ""]
         lines += [f"- {'known: ' if c.known else ''}`{c.report.splitlines()[0].strip()}`"
                   for c in shown]
     if result.baseline and result.baseline.fixed:
