@@ -1,7 +1,8 @@
 """impl: torch implementation of vLLM's PCP KV-cache gather (drop-in signature).
 
 Imports only torch and ``spec.names``-level constants; states the behaviour independently of
-spec/ and reference/.
+spec/ and reference/. Its modules import each other by absolute name (``pcpcheck_impl.x``),
+so a copy of one checked as a lone file (``pcpcheck check /tmp/gather.py``) still imports.
 """
 
 from .async_update import PCPAsyncCacheUpdate

@@ -19,7 +19,12 @@ from typing import Any
 
 import torch
 
-from .parallel_state import get_pcp_group
+# the gather is the caller's synchronous fallback: beside the protocol, as in a fork's file,
+# so that a copy of this file is a whole `--async` target
+from pcpcheck_impl.gather import gather_prefill_cache_inputs
+from pcpcheck_impl.parallel_state import get_pcp_group
+
+__all__ = ["PCPAsyncCacheUpdate", "gather_prefill_cache_inputs"]
 
 
 class PCPAsyncCacheUpdate:

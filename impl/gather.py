@@ -35,9 +35,8 @@ from typing import Any
 
 import torch
 
+from pcpcheck_impl.parallel_state import as_group, get_pcp_group
 from pcpcheck_spec.names import PAD_SLOT_ID
-
-from .parallel_state import as_group, get_pcp_group
 
 __all__ = [
     "CHECK_ND_AGREEMENT",

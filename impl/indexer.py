@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .gather import (
+from pcpcheck_impl.gather import (
     check_flag,
     check_slot_mapping,
     check_tensor,
@@ -21,7 +21,7 @@ from .gather import (
     gather_named,
     resolve_shard_flag,
 )
-from .parallel_state import as_group, get_pcp_group
+from pcpcheck_impl.parallel_state import as_group, get_pcp_group
 
 __all__ = ["gather_indexer_cache_inputs"]
 

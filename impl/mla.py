@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .gather import check_flag, check_tensor, gather_named, resolve_shard_flag
+from pcpcheck_impl.gather import check_flag, check_tensor, gather_named, resolve_shard_flag
 
 __all__ = ["gather_mla_cache_inputs"]
 

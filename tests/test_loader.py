@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 import threading
@@ -12,7 +13,9 @@ import torch
 
 from pcpcheck.shared.errors import LoadError
 from pcpcheck.worker import rankctx
-from pcpcheck.worker.loader import Target, load_target
+from pcpcheck.worker.loader import Target, exec_source, load_target
+from pcpcheck.worker.standins import StandInSpace
+from pcpcheck_spec.names import ASYNC_READ, PAIRING, REPLICA, REPLICATED, SHARDED
 
 REPO = Path(__file__).resolve().parents[1]
 ZOO = REPO / "tests" / "zoo"
@@ -554,3 +557,93 @@ def test_impl_target_loads_lazily():
     assert target.source == "impl"
     assert target.accepts_shard and target.accepts_group
     assert load_target("impl").function is target.function
+
+
+# --- copies of the bundled files ------------------------------------------------------------
+# A reviewer's first try: `cp impl/gather.py /tmp/ && pcpcheck check /tmp/gather.py`. impl's
+# modules import each other by absolute name, so a copy alone, anywhere, still imports.
+
+IMPL = REPO / "impl"
+
+
+def _copy(directory: Path, name: str, stem: str, old: str = "", new: str = "") -> Path:
+    """impl/NAME copied alone to directory/STEM.py, `old` (one line of it) replaced by `new`."""
+    text = (IMPL / name).read_text()
+    if old:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path = directory / f"{stem}.py"
+    path.write_text(text)
+    return path
+
+
+def _violated(out: str) -> set[str]:
+    return set(re.findall(r"^Counterexample \d+: (\w+) violated", out, re.M))
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in IMPL.glob("*.py") if p.name != "__init__.py"))
+def test_a_copy_of_each_bundled_module_loads_as_a_lone_file(tmp_path, name):
+    path = _copy(tmp_path, name, f"my_{name[:-3]}")
+    module = exec_source(path.read_bytes(), str(path), StandInSpace())
+    assert module.__package__ == ""  # no package to resolve a relative import against
+
+
+def test_a_copy_of_the_bundled_gather_holds_and_a_planted_bug_names_its_invariant(
+        tmp_path, pcpcheck_check, capsys):
+    argv = ["--regime", REPLICATED, "--max-examples", "50"]
+    assert pcpcheck_check([_copy(tmp_path, "gather.py", "mygather"), *argv]) == 0
+    capsys.readouterr()
+    # branch C (replicated, all decode) pairs the rows with rank 1's block of the map, not rank 0's
+    broken = _copy(tmp_path, "gather.py", "mygather_c", "return tensors, slot_mapping[:num_rows]",
+                   "return tensors, slot_mapping[num_rows:2 * num_rows]")
+    assert pcpcheck_check([broken, *argv]) == 1
+    assert _violated(capsys.readouterr().out) == {REPLICA}
+    # branch E takes the map's first slots in order, dropping the rank-major reordering that
+    # pairs them with the all_gather's rows
+    broken = _copy(tmp_path, "gather.py", "mygather_e",
+                   "slots_out = slot_mapping[torch.cat((decode_idx, prefill_idx))]",
+                   "slots_out = slot_mapping[:nd + world_size * (num_rows - nd)]")
+    assert pcpcheck_check([broken, *argv]) == 1
+    assert PAIRING in _violated(capsys.readouterr().out)
+
+
+def test_a_copy_of_the_bundled_async_protocol_is_an_async_target(tmp_path, pcpcheck_check, capsys):
+    argv = ["--async", "--regime", SHARDED, "--max-examples", "50"]
+    assert pcpcheck_check([_copy(tmp_path, "async_update.py", "myasync"), *argv]) == 0
+    capsys.readouterr()
+    # finish() no longer makes the current stream wait for the side stream's writes
+    broken = _copy(tmp_path, "async_update.py", "myasync_nowait",
+                   "torch.cuda.current_stream().wait_event(self._done)", "pass")
+    assert pcpcheck_check([broken, *argv]) == 1
+    assert _violated(capsys.readouterr().out) == {ASYNC_READ}
+
+
+def test_a_copy_of_the_bundled_mla_wrapper_runs_as_module_function(tmp_path, monkeypatch):
+    """Not a `check` target (its signature is vLLM's MLA wrapper's, not the gather's), but a
+    copy loads in the module:function form and answers as the bundled wrapper on every rank."""
+    from pcpcheck_impl import gather_mla_cache_inputs
+
+    _copy(tmp_path, "mla.py", "my_mla_copy")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    copy = load_target("my_mla_copy:gather_mla_cache_inputs").function
+    size, rows, nd = 2, 3, 1
+    world = _ThreadGroup._World(size)
+    answers: dict = {}
+
+    def work(rank, fn, key):
+        kv = torch.arange(rows * 4, dtype=torch.float32).reshape(rows, 4) + 100 * rank
+        k_pe = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 1, 2) - 100 * rank
+        slots = torch.arange(size * rows, dtype=torch.int64) + 10
+        answers[key, rank] = fn(kv, k_pe, slots, nd, True, group=_ThreadGroup(world, rank))
+
+    for fn, key in ((copy, "copy"), (gather_mla_cache_inputs, "impl")):
+        threads = [threading.Thread(target=work, args=(r, fn, key)) for r in range(size)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    for rank in range(size):
+        kv, k_pe, slots = answers["copy", rank]
+        assert k_pe.shape == (size * rows - nd, 1, 2)
+        for got, want in zip(answers["copy", rank], answers["impl", rank]):
+            assert torch.equal(got, want)

@@ -14,7 +14,6 @@ import os
 
 from pcpcheck.judge import race
 from pcpcheck.judge.explain import label
-from pcpcheck.render.outputs import html_page
 from pcpcheck.render.report import cell, checked_ids, coverage_rows, not_applicable_notes
 from pcpcheck.shared.case import describe
 from pcpcheck.shared.results import Counterexample
@@ -269,10 +268,16 @@ def _verdict_cell(result, regime: str, invariant: str, count, note: int | None) 
     return f"<td>{text}</td>"
 
 
+def html_page(path: str) -> bool:
+    """`--html NAME.html` names the index page itself, the other pages beside it; any other
+    path is the directory of them all."""
+    return path.lower().endswith(".html")
+
+
 def write_html(path: str, result) -> list[str]:
     """Write one page per counterexample and the index page; return their paths, the index's
     first. `path`: a directory (made if need be) for index.html and the pages, or the index page
-    itself, NAME.html (outputs.html_page), with the pages beside it named NAME-counterexample-...
+    itself, NAME.html (html_page), with the pages beside it named NAME-counterexample-...
     (two indexes in one folder keep their own pages)."""
     if html_page(path):
         directory, index_name = os.path.split(path)

@@ -20,14 +20,9 @@ def _option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def html_page(path: str) -> bool:
-    """`--html NAME.html` names the index page itself, the other pages beside it; any other
-    path is the directory of them all."""
-    return path.lower().endswith(".html")
-
-
 def check_outputs(args) -> None:
     """Every output path usable, before the run: UsageError (exit 2) names the first that is not."""
+    from pcpcheck.render.html import html_page
     for name in _FILES + _DIRS:
         path = getattr(args, name, None)
         if not path or (name == "json" and path == STDOUT):
