@@ -72,13 +72,13 @@ if TYPE_CHECKING:
     from pcpcheck.shared.source import Source
 
 STANDIN_ROOT = "vllm"
-# What a module of a release's own tree may import besides the standard library and vllm.*:
-# pcpcheck's dependencies and its kernels extra's (pyproject.toml).
-RELEASE_DEPENDENCIES = frozenset({"numpy", "torch", "triton", "typing_extensions", "packaging",
-                                  "regex", "psutil", "cachetools"})
-# Those only the kernels extra installs, and the hint a report gives where one is missing.
+# What only the kernels extra installs (pyproject.toml), and the hint a report gives where one
+# is missing.
 KERNELS_EXTRA = frozenset({"triton", "packaging", "regex", "psutil", "cachetools"})
 INSTALL_KERNELS = "pip install 'pcpcheck[kernels]'"
+# What a module of a release's own tree may import besides the standard library and vllm.*:
+# pcpcheck's dependencies and its kernels extra's.
+RELEASE_DEPENDENCIES = frozenset({"numpy", "torch", "typing_extensions"}) | KERNELS_EXTRA
 # A kernels-extra package served, where it is not installed, by the standard library module
 # whose syntax it keeps: vllm.utils.import_utils imports `regex` (as `re`, for one split), and
 # vllm.platforms needs that module to resolve the platform, on the path of every release. A
