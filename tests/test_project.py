@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import sys
 from pathlib import Path
+
+import pytest
 
 from pcpcheck_spec.names import DEFAULT_REGIMES, PRECONDITIONS, REGIMES
 from pcpcheck_spec.registry import GATHER_IDS, IDS, REGISTRY, applicable
@@ -62,6 +65,17 @@ def test_ci_runs_the_readme_test_command_in_a_fresh_virtual_environment():
     name = re.match(r'python -m venv "\$(\w+)"$', lines[venv]).group(1)
     assert lines[venv + 1:] == [f'source "${name}/bin/activate"', lines[-1]], lines[venv:]
     assert not any("pip install" in line for line in lines[venv + 1:-1])
+
+
+@pytest.mark.xdist_group("grouping-probe")
+def test_xdist_groups_reach_the_scheduler(request):
+    """pyproject's `--dist loadgroup` keeps the tests sharing an expensive module fixture (a venv, a
+    build, the hostile runs) in one worker: pytest-xdist marks a grouped test's node id with
+    `@group`, which the scheduler reads. Where pytest drops that mark (9.2 with xdist 3.8), every
+    worker rebuilds every group's fixture and the suite costs twice the CPU."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        pytest.skip("the groups are pytest-xdist's: this run has no workers")
+    assert request.node.nodeid.endswith("@grouping-probe"), request.node.nodeid
 
 
 def test_the_readme_is_a_newcomers_page_and_cites_no_internal_issue():
