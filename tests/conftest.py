@@ -122,14 +122,23 @@ def spawn_gloo():
     return spawn
 
 
-@pytest.fixture(scope="session")
-def wheel():
-    """vLLM 0.33.0's wheel, fetched at test time into pcpcheck's wheel cache, once (a copy per
+def _release_wheel(version: str):
+    """A vLLM release's wheel, fetched at test time into pcpcheck's wheel cache, once (a copy per
     module, through pip's own cache, cost each module seconds of CPU)."""
     from pcpcheck.shared.errors import SourceError
     from pcpcheck.shared.source import fetch_release
 
     try:
-        return fetch_release("0.33.0")
+        return fetch_release(version)
     except SourceError as exc:
-        pytest.fail(f"cannot fetch vllm==0.33.0 from the package registry: {exc}", pytrace=False)
+        pytest.fail(f"cannot fetch vllm=={version} from the package registry: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def wheel():
+    return _release_wheel("0.33.0")
+
+
+@pytest.fixture(scope="session")
+def wheel_0_34():
+    return _release_wheel("0.34.0")

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from pcpcheck.api import check, replay_case
+from pcpcheck.judge.coverage import ASYNC_CAPTURED, ASYNC_DECLINED, ASYNC_STARTED
+from pcpcheck.render import report
 from pcpcheck.shared.case import Case
 from pcpcheck_spec.names import (
     ASYNC_FALLBACK,
@@ -54,8 +56,15 @@ def test_a_correct_protocol_holds(threads_backend, target, protocol):
     result = _check(threads_backend, protocol, target=target)
     assert result.holds, result.counterexamples[0].report if result.counterexamples else ""
     sharded = result.regimes[0]
-    for invariant in (ASYNC_FALLBACK, ASYNC_INPUT, ASYNC_READ, ASYNC_LIFETIME):
-        assert sharded.checked[invariant] == sharded.cases  # the predicates ran on every case
+    features = dict(sharded.features)
+    # started on every step but those a graph capture makes fall back (docs/async.md), and the
+    # orderings judged on exactly those; the fallback's own rule on every step
+    started = features[ASYNC_STARTED]
+    assert started + features[ASYNC_CAPTURED] == sharded.cases and features[ASYNC_DECLINED] == 0
+    assert started >= sharded.cases // 3, features
+    assert sharded.checked[ASYNC_FALLBACK] == sharded.cases
+    for invariant in (ASYNC_INPUT, ASYNC_READ, ASYNC_LIFETIME):
+        assert sharded.checked[invariant] == started
 
 
 @pytest.mark.parametrize("protocol, order, invariant", MUTANTS,
@@ -148,14 +157,36 @@ def test_several_protocol_classes_need_a_name(capsys):
 
 
 def test_the_stream_model_does_not_import_torchs_compiler():
-    """The model's dispatch mode runs without torch._dynamo, which torch would import at the
-    mode's first op (1.6 s of CPU in every worker: a loaded machine pushed a gloo load past its
-    bound). A fresh interpreter: this one may have imported it for another test."""
+    """The deployment's modes (the stream model's dispatch mode, the device mapping's function
+    mode) run without torch._dynamo, which torch would import at a mode's first op (1.6 s of
+    CPU in every worker: a loaded machine pushed a gloo load past its bound). A fresh
+    interpreter: this one may have imported it for another test."""
     probe = ("import sys, torch\n"
-             "from pcpcheck.worker import cuda_model\n"
-             "with cuda_model.installed():\n"
-             "    torch.zeros(2).add(1)\n"
+             "from pcpcheck.worker import deployment\n"
+             "with deployment.installed(torch.device('cpu'), judged=True), deployment.on_rank():\n"
+             "    torch.zeros(2, device='cuda').add(1)\n"
              "print('torch._dynamo' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=300)
     assert done.stdout.strip() == "False", done.stdout + done.stderr[-2000:]
+
+
+def test_a_protocol_that_never_starts_leaves_its_orderings_not_applicable(threads_backend,
+                                                                          tmp_path):
+    """A start that falls back on every step exercises no asynchronous order: those rows say n/a
+    with the reason, never "ok", and the coverage table counts the fallbacks and why."""
+    target = tmp_path / "never_starts.py"
+    target.write_text(FORK.read_text() + "\n\nclass NeverStarts(PCPAsyncCacheUpdate):\n"
+                      "    def start(self, *args):\n        return False\n")
+    result = _check(threads_backend, "NeverStarts", target=target, examples=20)
+    assert result.holds
+    sharded = result.regimes[0]
+    features = dict(sharded.features)
+    assert features[ASYNC_STARTED] == 0 and features[ASYNC_DECLINED] > 0
+    assert features[ASYNC_DECLINED] + features[ASYNC_CAPTURED] == sharded.cases
+    assert sharded.checked[ASYNC_FALLBACK] == sharded.cases
+    for invariant in (ASYNC_INPUT, ASYNC_READ, ASYNC_LIFETIME):
+        assert sharded.checked.get(invariant, 0) == 0
+    text = report.result_text(result)
+    assert "the asynchronous protocol started on no step" in text, text
+    assert f"{ASYNC_DECLINED}" in text

@@ -86,12 +86,14 @@ def test_a_replayed_case_reports_its_exact_coverage_with_every_zero(threads_back
     result = api.replay_case("impl", case, runner=threads_backend)
     summary = result.regimes[0]
     assert dict(summary.branches) == {b: int(b in branches) for b in coverage.BRANCHES}
-    # several KV groups: a release's alone (a gather is called once per case), left out: n/a
+    # several KV groups: a release's alone (a gather is called once per case), and the
+    # asynchronous protocol's starts (a synchronous run), left out: n/a
     assert dict(summary.features) == {f: int(f in features) for f in coverage.FEATURES
-                                      if f != F.KV_GROUPS}
+                                      if f not in (F.KV_GROUPS, *F.ASYNC_FEATURES)}
     table = _table(report.result_text(result))
     assert table["branch B"] == [1] and table["branch E"] == [0]
     assert table[F.KV_GROUPS] == ["n/a"] and table[F.GRAPH_PADDING] == [1]
+    assert table[F.ASYNC_STARTED] == ["n/a"]
 
 
 def test_a_search_counts_coverage_in_every_rendering():
@@ -120,8 +122,10 @@ def test_a_release_check_reports_coverage():
     result = api.check_release(RELEASE_TREE, regimes=(SHARDED,), max_examples=20, max_ranks=3)
     summary = result.summary(SHARDED)
     assert sum(n for _, n in summary.branches) == summary.cases
-    # several KV groups: only in dcp, where a release's second KV group is replicated
-    assert [f for f, _ in summary.features] == [f for f in coverage.FEATURES if f != F.KV_GROUPS]
+    # several KV groups: only in dcp, where a release's second KV group is replicated; no
+    # asynchronous protocol on the release path
+    assert [f for f, _ in summary.features] == [f for f in coverage.FEATURES
+                                                if f not in (F.KV_GROUPS, *F.ASYNC_FEATURES)]
     assert "coverage (cases)" in report.result_text(result)
 
 
@@ -139,5 +143,6 @@ def test_a_release_step_is_covered_in_the_layout_of_its_own_era():
     with pytest.raises(ValueError, match="graph_size 4 below the largest rank-local count 5"):
         F.branches(case)
     result = RegimeResult(regime=DCP)
-    count_coverage(result, SimpleNamespace(prepared=SimpleNamespace(case=case, era=ERA_V026)))
+    count_coverage(result, SimpleNamespace(prepared=SimpleNamespace(case=case, era=ERA_V026),
+                                           ranks=[]))
     assert (dict(result.branches), dict(result.features)) == ({"D": 1}, {F.GRAPH_PADDING: 1})

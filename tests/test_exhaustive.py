@@ -170,13 +170,14 @@ def test_a_release_is_checked_exhaustively_in_its_own_order():
 def test_impl_holds_within_the_default_scope(threads_backend):
     """The whole default scope (benchmarks/README.md times it); it reaches
     every gather branch and every layout feature but several KV groups (a release's: a file
-    target's gather is called once per step), as its coverage counts them from each step."""
+    target's gather is called once per step) and the asynchronous protocol's starts (no
+    --async), as its coverage counts them from each step."""
     result = api.check("impl", exhaustive=True, runner=threads_backend)
     assert result.holds
     assert all(s.complete for s in result.regimes)
     assert {b for s in result.regimes for b, n in s.branches if n} == set(coverage.BRANCHES)
     assert {f for s in result.regimes for f, n in s.features if n} == \
-        set(coverage.FEATURES) - {coverage.KV_GROUPS}
+        set(coverage.FEATURES) - {coverage.KV_GROUPS, *coverage.ASYNC_FEATURES}
     again = api.CheckResult.from_json(result.to_json())
     assert again.options.scope == scope.DEFAULT_SCOPE.spec()
     assert [s.scope_steps for s in again.regimes] == [
@@ -232,7 +233,8 @@ def test_an_exhaustive_result_follows_the_documented_schema_and_round_trips(thre
     assert regime["scope_steps"] == scope.count(scope.parse_scope("ranks=2,requests=1,tokens=2"),
                                                 "sharded")
     # every feature a gather check can reach (several KV groups: a release's alone, left out)
-    assert set(regime["coverage"]["features"]) == set(coverage.FEATURES) - {coverage.KV_GROUPS}
+    assert set(regime["coverage"]["features"]) == \
+        set(coverage.FEATURES) - {coverage.KV_GROUPS, *coverage.ASYNC_FEATURES}
     again = api.CheckResult.from_json(result.to_json())
     assert again.regimes == result.regimes and again.options == result.options
 

@@ -234,7 +234,7 @@ def test_many_vllm_imports_triton_and_platform(tmp_path):
 # An inert is never a silent answer: each use that would need a real value stops the load, one
 # line naming the file, line and name.
 REFUSED_USES = {
-    "a truth value": "if current_platform.is_cuda():\n    pass",
+    "a truth value": "if envs.VLLM_PCP_ASYNC:\n    pass",
     "a container (iterated)": "for _ in current_platform.supported_dtypes:\n    pass",
     "a container (in)": "_ = 3 in envs.VLLM_DISABLED_KERNELS",
     "a value (compared)": "_ = envs.VLLM_CP_LEVEL > 2",
@@ -262,18 +262,18 @@ def test_a_stand_in_used_as_a_value_at_call_time_stops_the_run_even_if_caught(tm
     """Inside the gather, on every rank, with the error caught by the code: still no verdict."""
     path = tmp_path / "pcp_late.py"
     path.write_text(
-        "from vllm.platforms import current_platform\n"
+        "import vllm.envs as envs\n"
         "from vllm.distributed.parallel_state import get_pcp_group\n"
         "def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens,\n"
         "                                 shard_decode_requests=False):\n"
         "    try:\n"
-        "        cuda = bool(current_platform.is_cuda())\n"
+        "        asynchronous = bool(envs.VLLM_PCP_ASYNC)\n"
         "    except TypeError:\n"
-        "        cuda = False\n"
+        "        asynchronous = False\n"
         "    group = get_pcp_group()\n"
         "    return (tuple(group.all_gather(t, dim=0) for t in tensors),\n"
         "            group.all_gather(slot_mapping, dim=0))\n")
-    with pytest.raises(LoadError, match=rf"{path}:6: vllm.platforms.current_platform.is_cuda\(\) "
+    with pytest.raises(LoadError, match=rf"{path}:6: vllm.envs.VLLM_PCP_ASYNC "
                                         r"is a stand-in, used as a truth value"):
         pcpcheck_check([path, "--max-examples", "3", "--regime", "replicated"])
 

@@ -24,7 +24,7 @@ from pcpcheck_spec.registry import IDS
 def summary(result, capabilities: dict | None = None) -> RegimeSummary:
     """A regime's summary; `capabilities`: a release's (None for a gather checked alone), which
     decide the coverage features its cases could reach (coverage.unreachable: left out, n/a)."""
-    unreachable = coverage.unreachable(result.regime, capabilities)
+    unreachable = coverage.unreachable(result.regime, capabilities, result.features)
     return RegimeSummary(
         regime=result.regime, cases=result.cases, seconds=round(result.seconds, 3),
         check_seconds=round(result.check_seconds, 3),

@@ -22,8 +22,10 @@ from pcpcheck_spec.names import (
     BRANCH_NO_DECODE,
     BRANCH_SHARDED,
     BRANCH_UNEXPANDED,
+    CAPTURING,
     DCP,
     DRAFT_REGIMES,
+    STARTED,
     Batch,
 )
 
@@ -40,20 +42,41 @@ KV_GROUPS = "several KV groups"  # a release step whose gather calls were judged
 # (the engine counts it from the observation: a drawn gather case carries one group; see
 # `unreachable`)
 SPLIT_HEAD_TAIL = "request split head/tail"  # a split prefill whose rank 0 gets both chunks
+# An asynchronous step (`--async`): whether the protocol started on some rank, or fell back on
+# every rank, and why (the engine counts them from the ranks' stream traces: `asynchronous`).
+ASYNC_STARTED = "async protocol started"
+ASYNC_CAPTURED = "async fallback: graph capture"
+ASYNC_DECLINED = "async fallback: start answered False"
+ASYNC_FEATURES = (ASYNC_STARTED, ASYNC_CAPTURED, ASYNC_DECLINED)
 FEATURES = (GRAPH_PADDING, DP_PADDING, MAP_PAST_ND, INTERLEAVE_2, EMPTY_RANK, ROUND_ROBIN,
-            SHORT_PREFILL_REPLICATED, KV_GROUPS, SPLIT_HEAD_TAIL)
+            SHORT_PREFILL_REPLICATED, KV_GROUPS, SPLIT_HEAD_TAIL, *ASYNC_FEATURES)
 
 
-def unreachable(regime: str, capabilities: dict | None = None) -> frozenset[str]:
+def asynchronous(traces: list) -> str | None:
+    """The ASYNC_FEATURES entry of a step, from its ranks' stream traces (None: not an
+    asynchronous step)."""
+    traces = [trace for trace in traces if trace is not None]
+    if not traces:
+        return None
+    flags = {op: index for trace in traces for op, _, _, index, _ in trace
+             if op in (STARTED, CAPTURING) and index}
+    if STARTED in flags:
+        return ASYNC_STARTED
+    return ASYNC_CAPTURED if CAPTURING in flags else ASYNC_DECLINED
+
+
+def unreachable(regime: str, capabilities: dict | None = None,
+                counted: dict | None = None) -> frozenset[str]:
     """The features of FEATURES no case of `regime` can exercise in this kind of run, left out
     of its counts so that a report shows n/a there, never 0. `capabilities`: None for a gather
     checked alone (`pcpcheck check`, a replay: one gather call per case, one KV group), else a
     release's (ReleaseRecord.capabilities: `pcpcheck vllm`), whose step calls the gather again
     for its second KV group only in dcp, where that group is replicated
     (protocol.Capabilities.replicated_group_call)."""
-    if capabilities is not None and regime == DCP and capabilities.get("replicated_kv_group"):
-        return frozenset()
-    return frozenset({KV_GROUPS})
+    unreached = set() if any((counted or {}).get(f) for f in ASYNC_FEATURES) else set(ASYNC_FEATURES)
+    if not (capabilities is not None and regime == DCP and capabilities.get("replicated_kv_group")):
+        unreached.add(KV_GROUPS)
+    return frozenset(unreached)
 
 
 def exercised(case: Case, era: str = reference.ERA_CURRENT) -> tuple[frozenset, frozenset]:

@@ -78,6 +78,12 @@ def not_applicable_reason(result, summary, invariant: str) -> str:
     if not summary.cases:
         return f"regime {regime}: no case ran" + (
             f" within the budget of {result.options.budget_s:g} s" if summary.budget_reached else "")
+    features = dict(summary.features)
+    if invariant in ASYNC_IDS and not features.get(coverage.ASYNC_STARTED) and any(
+            features.get(f) for f in coverage.ASYNC_FEATURES):
+        return (f"{invariant} under {regime}: the asynchronous protocol started on no step (it "
+                f"fell back on {features.get(coverage.ASYNC_CAPTURED, 0)} under a graph capture "
+                f"and on {features.get(coverage.ASYNC_DECLINED, 0)} where start answered False)")
     if entry is not None and entry.needs_output:
         return (f"{invariant} under {regime}: it judges what a call returned, and no rank's call "
                 "returned well-formed outputs (RETURNS)")

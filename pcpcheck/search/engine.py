@@ -126,6 +126,9 @@ def count_coverage(result: RegimeResult, observation: Observation) -> None:
     branches, features = coverage.exercised(prepared.case, prepared.era)
     result.branches.update(branches)
     result.features.update(features)
+    started = coverage.asynchronous([getattr(view, "streams", None) for view in observation.ranks])
+    if started is not None:
+        result.features[started] += 1
     # a release step judged per KV-cache group (other observations, a diff's pair, carry one)
     if getattr(observation, "kv_groups", 1) > 1:
         result.features[coverage.KV_GROUPS] += 1

@@ -1,14 +1,14 @@
 """A CPU model of the CUDA stream API an asynchronous protocol uses (SPEC.md "Asynchronous
 replication"): the target runs on CPU tensors, eagerly, in the order it issues work, and the
-model records what each stream did in a stream trace (spec/streams.py) for the judge.
+model records what each stream did in a stream trace (spec/streams.py) for the judge. It is
+part of the deployment every step runs in (pcpcheck.worker.deployment).
 
-While `installed()` is active, torch.cuda's stream API (`Stream`, `Event`, `current_stream`,
+While `stream_api()` is active, torch.cuda's stream API (`Stream`, `Event`, `current_stream`,
 `default_stream`, `stream(...)`, `set_stream`, `synchronize`, `is_current_stream_capturing`,
 `is_available`, `current_device`, `device_count`) and `Tensor.record_stream` are this module's,
 and a TorchDispatchMode logs every aten op that reads or writes an input of the step (views
 read nothing). Each rank has its own `StreamModel` (a context variable: greenlets and threads
-each see their own); outside a rank's step the API raises. vLLM's platform query
-(`current_platform.is_cuda()`, a stand-in binding) answers True inside a step.
+each see their own); outside a rank's call the API raises.
 
 Eager CPU execution makes every value right whatever the order: only the trace can show a
 missing join, and the verdict depends on it alone, never on timing.
@@ -48,7 +48,7 @@ _model: contextvars.ContextVar[StreamModel | None] = contextvars.ContextVar(
 def active() -> StreamModel:
     model = _model.get()
     if model is None:
-        raise RuntimeError("pcpcheck models CUDA streams only inside a rank's asynchronous step")
+        raise RuntimeError("pcpcheck models CUDA streams only inside a rank's call")
     return model
 
 
@@ -235,11 +235,6 @@ API = {
 }
 
 
-def modelled() -> bool:
-    """Whether the calling rank runs an asynchronous step (the platform then answers CUDA)."""
-    return _model.get() is not None
-
-
 class _Accesses(TorchDispatchMode):
     """Logs, for the calling rank's model, every input an aten op reads or writes."""
 
@@ -265,22 +260,23 @@ class _Accesses(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def installed():
+def stream_api(judged: bool = True):
     """The modelled API in place of torch.cuda's, for the ranks of one case (each binds its own
-    StreamModel); put back afterwards."""
+    StreamModel); put back afterwards. `judged`: every aten op's access of a step input is
+    logged too (an asynchronous step, whose trace the judge reads)."""
     saved = {name: getattr(torch.cuda, name) for name in API}
     had_record = "record_stream" in torch.Tensor.__dict__
     saved_record = torch.Tensor.__dict__.get("record_stream")
     for name, value in API.items():
         setattr(torch.cuda, name, value)
-    torch.Tensor.record_stream = _record_stream
+    torch.Tensor.record_stream = _record_stream  # type: ignore[method-assign,assignment]
     try:
-        with _Accesses():
+        with _Accesses() if judged else contextlib.nullcontext():
             yield
     finally:
         for name, value in saved.items():
             setattr(torch.cuda, name, value)
         if had_record:
-            torch.Tensor.record_stream = saved_record
+            torch.Tensor.record_stream = saved_record  # type: ignore[method-assign,assignment]
         else:
             del torch.Tensor.record_stream

@@ -20,6 +20,7 @@ from dataclasses import asdict
 from pcpcheck.shared import protocol
 from pcpcheck.shared.errors import LoadError
 from pcpcheck.shared.protocol import FINISHED, RELEASE, RUNNING, WAITING
+from pcpcheck.worker import deployment
 from pcpcheck.worker.runner import CollectiveAborted, RankOutcome
 
 
@@ -41,8 +42,9 @@ class GatherHost:
     def load(cls, request: protocol.LoadRequest, worker) -> tuple[GatherHost | None, dict]:
         from pcpcheck.worker.loader import load_target
         try:
-            copies = [load_target(request.source, request.function or None)
-                      for _ in range(request.copies)]
+            with deployment.installed(worker.device):
+                copies = [load_target(request.source, request.function or None)
+                          for _ in range(request.copies)]
         except LoadError as exc:
             return None, protocol.load_error_reply(str(exc))
         except BaseException as exc:  # noqa: BLE001 - a target's import may raise anything
@@ -70,9 +72,10 @@ class GatherHost:
 
         def call(rank: int):
             tensors, slots, nd, _ = inputs[rank]
-            return self._call(rank, case, tensors, slots, nd, current_group(), streams)
+            with deployment.on_rank():
+                return self._call(rank, case, tensors, slots, nd, current_group(), streams)
 
-        with self._streams_modelled(case):
+        with deployment.installed(worker.device, judged=self._asynchronous(case)):
             outcomes = worker.threads.run(case.size, call, worker.on_switch(ranges))
         blobs: list = []
         results = []
@@ -86,12 +89,6 @@ class GatherHost:
     def _asynchronous(self, case: protocol.CaseRequest) -> bool:
         """The step runs the target's asynchronous protocol: it has one, and decodes are sharded."""
         return self.copies[0].protocol is not None and case.shard
-
-    def _streams_modelled(self, case: protocol.CaseRequest):
-        import contextlib
-
-        from pcpcheck.worker import cuda_model
-        return cuda_model.installed() if self._asynchronous(case) else contextlib.nullcontext()
 
     def _call(self, slot: int, case: protocol.CaseRequest, tensors, slots, nd, group,
               streams: list) -> object:
@@ -122,7 +119,8 @@ class GatherHost:
         streams: list[list | None] = [None]
         worker.status.switch(rank, RUNNING)
         try:
-            with self._streams_modelled(case):
+            with deployment.installed(worker.device, judged=self._asynchronous(case)), \
+                    deployment.on_rank():
                 outcome.value = self._call(0, case, inputs[0], inputs[1], inputs[2], group,
                                            streams)
             outcome.streams = streams[0]
@@ -153,7 +151,8 @@ class ReleaseHost:
         from pcpcheck.worker.release_code import release_from_spec
         spec = json.loads(request.source)
         try:
-            release = release_from_spec(spec)
+            with deployment.installed(worker.device):
+                release = release_from_spec(spec)
         except BaseException as exc:  # noqa: BLE001 - SourceError, InterfaceDrift, anything else
             kind = type(exc).__name__
             text = str(exc).splitlines()[0] if str(exc) else kind
@@ -171,11 +170,17 @@ class ReleaseHost:
         """The step on every rank as greenlets: rank_step lays it out with the rank's own
         PCPManager and calls the release's entry; the layout goes back as plain data."""
         from pcpcheck.worker.release_step import rank_step
-        assert case.step is not None  # a release's cases carry their step (protocol.case_request)
+        step_json = case.step
+        assert step_json is not None  # a release's cases carry their step (protocol.case_request)
         worker = self.worker
         ranges: list[list] = [[] for _ in range(case.size)]
-        outcomes = worker.threads.run(case.size, lambda rank: rank_step(case.step, self.spec, rank),
-                                      worker.on_switch(ranges))
+
+        def step(rank: int):
+            with deployment.on_rank():
+                return rank_step(step_json, self.spec, rank)
+
+        with deployment.installed(worker.device):
+            outcomes = worker.threads.run(case.size, step, worker.on_switch(ranges))
         blobs: list = []
         results = [protocol.encode_release_rank(rank, outcome, worker.capture.text(ranges[rank]),
                                                 blobs) for rank, outcome in enumerate(outcomes)]

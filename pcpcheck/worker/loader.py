@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pcpcheck.shared.errors import LoadError
-from pcpcheck.worker import rankctx
+from pcpcheck.worker import deployment, rankctx
 from pcpcheck.worker.standins import (
     STANDIN_ROOT,
     Inert,
@@ -247,6 +247,8 @@ def _load_file(path: Path, function: str | None) -> Target:
     filename = str(path)
     package = _package_from_path(path.resolve())
     space = StandInSpace(_tree_of(path.resolve(), package))
+    if space.tree is not None:
+        deployment.furnish(space)
     module = exec_source(source, filename, space, package)
     return make_target(module, function, filename, filename, space, path.name)
 

@@ -31,6 +31,7 @@ from pcpcheck.shared.protocol import Capabilities
 from pcpcheck.shared.results import NOT_EVALUATED
 from pcpcheck.shared.source import GATHERS, MANAGER, Source, from_spec, resolve
 from pcpcheck.shared.step_inputs import dummy_tokens, global_maps, positions, step_arrays
+from pcpcheck.worker import deployment
 from pcpcheck.worker.loader import Target, exec_release_file, make_target
 from pcpcheck.worker.release_excerpts import (
     BACKEND_UTILS,
@@ -163,10 +164,11 @@ CPU_TORCH = ["Tensor.pin_memory(): the tensor itself (no accelerator here; pinni
 def _torch_on_cpu() -> None:
     """torch as the release's modules meet it here (CPU_TORCH): `Tensor.pin_memory()` (0.29's
     async_copy_to_gpu pins its input) raises without an accelerator, and pinning moves no
-    value; `torch.compiler.allow_in_graph` (vllm/utils/gpu_sync_debug.py, at import) marks a
-    function for torch.compile, which never runs here."""
-    if not torch.cuda.is_available():
-        torch.Tensor.pin_memory = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+    value (on a GPU too: the deployment's torch.cuda answers that one is there, so the machine's
+    own accelerator is not asked); `torch.compiler.allow_in_graph`
+    (vllm/utils/gpu_sync_debug.py, at import) marks a function for torch.compile, which never
+    runs here."""
+    torch.Tensor.pin_memory = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
     torch.compiler.allow_in_graph = lambda fn: fn
 
 
@@ -174,6 +176,7 @@ def _space(source: Source) -> tuple[StandInSpace, bool]:
     """The release's space (its own modules first), with pcpcheck's stand-ins and, where triton
     is installed, what its kernels need; and whether triton is."""
     space = StandInSpace(source)
+    deployment.furnish(space)
     _torch_on_cpu()
     for module, names in FALLBACKS.items():
         for name, value in names.items():

@@ -34,8 +34,8 @@ run stops with exit 2, never a verdict built on a value pcpcheck made up.
 Name resolution inside the space: a name listed in `_BINDINGS` gets a working stand-in wherever it
 is looked up (any vllm module, or an attribute of an inert): `get_pcp_group` is
 `pcpcheck.worker.rankctx.current_group` (the calling rank's group), `PAD_SLOT_ID` is -1, `init_logger`
-gives a `logging` logger, `current_platform.is_cuda()` answers True inside an asynchronous step
-(pcpcheck.worker.cuda_model) and is an inert elsewhere, `cdiv`/`round_up`/`round_down` are the
+gives a `logging` logger, `current_platform` and `direct_register_custom_op` are the deployment's
+(pcpcheck.worker.deployment adds them: `add_bindings`), `cdiv`/`round_up`/`round_down` are the
 arithmetic helpers, TP-group
 queries describe a single TP rank (pcpcheck models TP = 1). `get_dcp_group` is left inert: the
 DCP size depends on the case's regime, which the loader does not know. Every other name is an
@@ -87,6 +87,16 @@ STDLIB_FOR = {"regex": "re"}
 
 _load_lock = threading.RLock()
 _refused: list[str] = []  # every refused use in this process (Inert._refuse), until taken
+
+
+def refuse(message: str, name: str, use: str = "a value") -> typing.NoReturn:
+    """Refuse a use pcpcheck cannot honour: `message` after the file and line of the code that
+    made it (the caller's caller), recorded for the worker (`take_refused`), then raised."""
+    frame = sys._getframe(2)
+    message = f"{frame.f_code.co_filename}:{frame.f_lineno}: {message}: pcpcheck cannot honour it"
+    with _load_lock:
+        _refused.append(message)
+    raise StandInError(message, name, use)
 
 
 def take_refused() -> str | None:
@@ -157,28 +167,7 @@ def _round_down(x, y):
     return (x // y) * y
 
 
-class _Platform:
-    """vLLM's `current_platform` as an asynchronous protocol asks it: inside a rank's step on
-    the CPU model of CUDA streams (pcpcheck.worker.cuda_model) `is_cuda()` and
-    `is_cuda_alike()` answer True; outside one, and for every other name, it is an inert."""
-
-    def __getattr__(self, name):
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        if name in ("is_cuda", "is_cuda_alike"):
-            return lambda: _platform_answer(name)
-        return Inert(f"vllm.platforms.current_platform.{name}", None)
-
-
-def _platform_answer(name: str):
-    from pcpcheck.worker import cuda_model
-    if cuda_model.modelled():
-        return True
-    return Inert(f"vllm.platforms.current_platform.{name}()", None)
-
-
 _BINDINGS: dict[str, Any] = {
-    "current_platform": _Platform(),
     "get_pcp_group": rankctx.current_group,
     "PAD_SLOT_ID": PAD_SLOT_ID,
     "init_logger": logging.getLogger,
@@ -189,6 +178,21 @@ _BINDINGS: dict[str, Any] = {
     "get_tensor_model_parallel_world_size": lambda: 1,
     "get_tensor_model_parallel_rank": lambda: 0,
 }
+
+
+def add_bindings(bindings: dict[str, Any]) -> None:
+    """Names served wherever they are looked up (pcpcheck.worker.deployment's, at its import)."""
+    _BINDINGS.update(bindings)
+
+
+# The key of a space's builtins naming the space: code can tell which load called it (a custom
+# op registered by each rank's copy of a target runs that copy's implementation).
+SPACE_KEY = "__pcpcheck_space__"
+
+
+def space_of(frame: types.FrameType) -> StandInSpace | None:
+    """The space whose code runs in `frame`, if any."""
+    return frame.f_builtins.get(SPACE_KEY)
 
 
 class _InertBase:
@@ -215,6 +219,7 @@ class Inert:
     """An object standing in for any vllm name (see the module docstring)."""
 
     __slots__ = ("_name", "_space")
+    KIND = "a stand-in"  # what the refusal calls it
 
     def __init__(self, name: str, space: StandInSpace | None):
         object.__setattr__(self, "_name", name)
@@ -228,7 +233,7 @@ class Inert:
             raise AttributeError(name)
         if name in _BINDINGS:
             return _BINDINGS[name]
-        return Inert(f"{self._name}.{name}", self._space)
+        return type(self)(f"{self._name}.{name}", self._space)
 
     def __setattr__(self, name, value):
         pass
@@ -236,7 +241,7 @@ class Inert:
     def __call__(self, *args, **kwargs):
         if len(args) == 1 and not kwargs and (inspect.isroutine(args[0]) or inspect.isclass(args[0])):
             return args[0]  # used as a decorator
-        return Inert(f"{self._name}()", self._space)
+        return type(self)(f"{self._name}()", self._space)
 
     def __mro_entries__(self, bases):
         first = next(base for base in bases if isinstance(base, Inert))
@@ -249,17 +254,20 @@ class Inert:
         return False
 
     def __getitem__(self, key):
-        return Inert(f"{self._name}[]", self._space)
+        return type(self)(f"{self._name}[]", self._space)
 
     def __setitem__(self, key, value):
         pass
 
+    def _reason(self) -> str:
+        """Why this name has no real value here ("" when nothing more is known)."""
+        return self._space.why(self._name) if self._space is not None else ""
+
     def _refuse(self, use: str):
+        why = self._reason()
         frame = sys._getframe(2)  # the code that used it: past this and the dunder
-        where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
-        why = self._space.why(self._name) if self._space is not None else ""
-        message = (f"{where}: {self._name} is a stand-in{f' ({why})' if why else ''}, used as "
-                   f"{use}: pcpcheck cannot honour it")
+        message = (f"{frame.f_code.co_filename}:{frame.f_lineno}: {self._name} is {self.KIND}"
+                   f"{f' ({why})' if why else ''}, used as {use}: pcpcheck cannot honour it")
         with _load_lock:
             _refused.append(message)
         raise StandInError(message, self._name, use)
@@ -539,6 +547,7 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def builtins_dict(self, release: bool = False) -> dict:
         namespace = dict(builtins.__dict__)
         namespace["__import__"] = self.make_import(release)
+        namespace[SPACE_KEY] = self
         return namespace
 
     @contextlib.contextmanager

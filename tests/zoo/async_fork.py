@@ -8,6 +8,7 @@ before a reader, a reader before finish) are `--async-order`s of the correct cla
 """
 
 import torch
+from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
 from vllm.distributed.parallel_state import get_pcp_group
 from vllm.platforms import current_platform
 
@@ -50,8 +51,10 @@ class PCPAsyncCacheUpdate:
               decode_tokens_per_rank, update_cache):
         if self.pending is not None:
             raise RuntimeError("previous asynchronous cache update still pending")
-        capturing = torch.cuda.is_current_stream_capturing()
-        if not current_platform.is_cuda() or (capturing and self.FALL_BACK_WHILE_CAPTURING):
+        capturing = (torch.cuda.is_current_stream_capturing()
+                     or BreakableCUDAGraphCapture.is_active())
+        if not (torch.cuda.is_available() and current_platform.is_cuda()) or (
+                capturing and self.FALL_BACK_WHILE_CAPTURING):
             return False
         group = get_pcp_group()
         world, rank = group.world_size, group.rank_in_group
@@ -67,12 +70,21 @@ class PCPAsyncCacheUpdate:
                      _runs(slot_mapping, width, prefill, range(world)))
         update_cache(tuple(t[:num_decode_tokens] for t in tensors),
                      _runs(slot_mapping, width, decode, [rank]))
+        with torch.cuda.device(torch.cuda.current_device()):
+            return self._start_side_stream(tensors, slot_mapping, num_decode_tokens, world, rank,
+                                           width, decode_tokens_per_rank, update_cache)
+
+    def _start_side_stream(self, tensors, slot_mapping, num_decode_tokens, world, rank, width,
+                           decode_tokens_per_rank, update_cache):
+        decode = [(0, d) for d in decode_tokens_per_rank]
+        group = get_pcp_group()
         ready = torch.cuda.Event()
-        ready.record()
+        ready.record(torch.cuda.current_stream())
         side = torch.cuda.Stream()
         if self.KEEP_INPUTS:
             for t in (*tensors, slot_mapping):
                 t.record_stream(side)
+        torch.cuda.nvtx.range_push("pcp async decode replication")
         with torch.cuda.stream(side):
             if self.WAIT_FOR_READY:
                 side.wait_event(ready)
@@ -86,6 +98,7 @@ class PCPAsyncCacheUpdate:
                          _runs(slot_mapping, width, decode, peers))
             done = torch.cuda.Event()
             done.record(side)
+        torch.cuda.nvtx.range_pop()
         self.pending = done
         return True
 

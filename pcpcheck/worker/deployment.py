@@ -1,0 +1,290 @@
+"""The deployment vLLM's PCP code is written for, modelled on CPU: a CUDA platform, one GPU per
+rank (../shared/docs/pcp-semantics.md section 11). Every step of every mode runs in it (a file,
+alone or in its tree, `--async`, a release's path), so a question the code asks about its world
+gets a deployment's answer, never the checker's machine's:
+
+- `PLATFORM`: `vllm.platforms.current_platform` as a CUDA deployment answers it (`is_cuda()`,
+  `device_type`, `dispatch_key`, ...). A question no CPU can answer faithfully (a device's
+  capability, its memory, its name) is an `Unmodelled` value: using it is refused by name, the
+  run stops with exit 2, as a stand-in's use does.
+- Devices: while a case runs (`installed`), a tensor created on, or moved to, `"cuda"`, `"cuda:N"`
+  or `torch.device("cuda")` lives on the rank's device (CPU; the rank's GPU with `--device cuda`).
+- `torch.cuda`: the stream API is pcpcheck.worker.cuda_model's, with a stream model bound to every
+  rank's call (`on_rank`); a profiling range or mark (`torch.cuda.nvtx`), `set_device`,
+  `device(i)` and `empty_cache` move no value and are modelled as doing nothing; a device query
+  (`get_device_capability`, `mem_get_info`, ...) is refused by name.
+- Custom ops: `direct_register_custom_op` (vllm.utils.torch_utils) and `torch.library.custom_op`
+  register the op's implementation for the deployment's device, so `torch.ops.<lib>.<name>(...)`
+  runs it on the calling rank, collectives inside it included. The op is called as a Python
+  function, not through torch's C++ dispatcher: a rank of the threads backend is a greenlet, and
+  switching ranks inside a C++ frame aborts the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from pcpcheck.worker import cuda_model
+from pcpcheck.worker.standins import Inert, StandInSpace, add_bindings, refuse, space_of
+
+DEVICE_TYPE = "cuda"
+
+# What a CUDA platform answers (vllm/platforms/cuda.py CudaPlatformBase, interface.Platform): the
+# values every PCP deployment sees.
+PLATFORM_VALUES: dict[str, Any] = {
+    "device_name": "cuda", "device_type": DEVICE_TYPE, "dispatch_key": "CUDA",
+    "ray_device_key": "GPU", "dist_backend": "nccl",
+    "device_control_env_var": "CUDA_VISIBLE_DEVICES", "simple_compile_backend": "inductor",
+}
+PLATFORM_PREDICATES: dict[str, bool] = {
+    "is_cuda": True, "is_cuda_alike": True, "is_rocm": False, "is_tpu": False, "is_xpu": False,
+    "is_cpu": False, "is_out_of_tree": False, "is_unspecified": False,
+    # pinning and confidential computing change how host memory is staged, never a value
+    "is_pin_memory_available": False, "is_confidential_compute": False,
+}
+UNMODELLED = "a property of the GPU itself, which pcpcheck does not model on CPU"
+
+
+class Unmodelled(Inert):
+    """A deployment's answer pcpcheck cannot give faithfully: any use of it is refused by name."""
+
+    __slots__ = ()
+    KIND = "not modelled"
+
+    def _reason(self) -> str:
+        return UNMODELLED
+
+
+class Platform:
+    """`current_platform` of a CUDA deployment (the module docstring)."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        if name in PLATFORM_VALUES:
+            return PLATFORM_VALUES[name]
+        if name in PLATFORM_PREDICATES:
+            answer = PLATFORM_PREDICATES[name]
+            return lambda *args, **kwargs: answer
+        return Unmodelled(f"vllm.platforms.current_platform.{name}", None)
+
+    def __repr__(self) -> str:
+        return "<pcpcheck's model of a CUDA platform>"
+
+
+PLATFORM = Platform()
+
+
+def _is_deployment_device(device: object) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == DEVICE_TYPE
+    if isinstance(device, str):
+        return device == DEVICE_TYPE or device.startswith(DEVICE_TYPE + ":")
+    return False
+
+
+class _OnRankDevice(TorchFunctionMode):
+    """A deployment device in a torch call is the rank's device."""
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.device = device
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0].to(self.device)
+        device = kwargs.get("device")
+        if device is not None and _is_deployment_device(device):
+            kwargs = {**kwargs, "device": self.device}
+        if func is torch.Tensor.to and len(args) > 1 and _is_deployment_device(args[1]):
+            args = (args[0], self.device, *args[2:])
+        return func(*args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.cuda beyond the stream API
+
+
+class _Device:
+    """torch.cuda.device(i): one GPU per rank, so selecting it changes nothing."""
+
+    def __init__(self, device=None):
+        self.idx = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _nothing(*args, **kwargs) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def _range(*args, **kwargs):
+    yield
+
+
+def _refusing(name: str) -> Callable:
+    def refused(*args, **kwargs):
+        refuse(f"torch.cuda.{name}() is not modelled ({UNMODELLED})", f"torch.cuda.{name}")
+    return refused
+
+
+# Modelled as doing nothing: none of them moves a value.
+NO_OPS = {"set_device": _nothing, "empty_cache": _nothing, "device": _Device}
+NVTX = {"range_push": lambda *args, **kwargs: 0, "range_pop": lambda *args, **kwargs: 0,
+        "mark": _nothing, "range": _range, "range_start": lambda *args, **kwargs: 0,
+        "range_end": _nothing}
+REFUSED = ("get_device_capability", "get_device_properties", "get_device_name", "mem_get_info",
+           "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+           "utilization", "get_arch_list")
+
+
+# ---------------------------------------------------------------------------------------------
+# Custom ops
+
+
+class ModelledOp:
+    """`torch.ops.<lib>.<name>`: the implementation the calling code's load registered (each
+    rank's copy of a target registers its own), called on the calling rank."""
+
+    def __init__(self, qualname: str):
+        self.qualname = qualname
+        self.by_space: dict[int, Callable] = {}  # id(space) (0: no space) -> implementation
+        self.last: Callable | None = None
+        self.default = self
+
+    def register(self, func: Callable, frame: types.FrameType) -> None:
+        self.by_space[id(space_of(frame) or 0)] = self.last = func
+
+    def register_fake(self, *args, **kwargs):
+        """torch.library's fake, kernel and autograd registrations change no value on the rank's
+        device: accepted as such, used directly or as a decorator."""
+        if args and callable(args[-1]):
+            return args[-1]
+        return lambda func: func
+
+    register_kernel = register_autograd = register_fake
+
+    def __call__(self, *args, **kwargs):
+        func = self.by_space.get(id(space_of(sys._getframe(1)) or 0), self.last)
+        assert func is not None  # registered when created
+        return func(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<custom op {self.qualname}, modelled: its implementation runs on the rank>"
+
+
+def _registered(qualname: str, func: Callable, frame: types.FrameType) -> ModelledOp:
+    namespace, _, name = qualname.partition("::")
+    library = getattr(torch.ops, namespace)
+    op = library.__dict__.get(name)
+    if not isinstance(op, ModelledOp):
+        op = ModelledOp(qualname)
+        setattr(library, name, op)
+    op.register(func, frame)
+    return op
+
+
+def direct_register_custom_op(op_name: str, op_func: Callable, mutates_args=None, fake_impl=None,
+                              target_lib=None, dispatch_key=None, tags=()) -> None:
+    """vllm.utils.torch_utils.direct_register_custom_op, registered for the deployment's device
+    (the library `target_lib` names, else vLLM's)."""
+    namespace = getattr(target_lib, "ns", None) or "vllm"
+    _registered(f"{namespace}::{op_name}", op_func, sys._getframe(1))
+
+
+def custom_op(name: str, fn: Callable | None = None, /, *, mutates_args=(), device_types=None,
+              schema=None, tags=None):
+    """torch.library.custom_op in the deployment: the decorated function, called as the op
+    (and as `torch.ops.<ns>.<name>`)."""
+    frame = sys._getframe(1)
+
+    def register(func: Callable) -> ModelledOp:
+        return _registered(name, func, frame)
+
+    return register if fn is None else register(fn)
+
+
+def furnish(space: StandInSpace) -> None:
+    """A tree's space answers as the deployment, whatever its own modules find on this machine."""
+    space.provide("vllm.platforms", "current_platform", PLATFORM)
+    space.provide("vllm.utils.torch_utils", "direct_register_custom_op", direct_register_custom_op)
+
+
+# ---------------------------------------------------------------------------------------------
+# Installing it
+
+
+@contextlib.contextmanager
+def _patched(owner: object, names: dict[str, Any]):
+    saved = {name: owner.__dict__.get(name, _ABSENT) if isinstance(owner, types.ModuleType)
+             else getattr(owner, name, _ABSENT) for name in names}
+    for name, value in names.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is _ABSENT:
+                with contextlib.suppress(AttributeError):
+                    delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
+_ABSENT = object()
+
+
+@contextlib.contextmanager
+def installed(device: torch.device, judged: bool = False):
+    """The deployment for a load or for the ranks of one case: torch.cuda modelled, deployment
+    devices the rank's. `judged`: the step's stream trace is judged (an asynchronous step), so
+    every access of an input is logged too. On a real GPU (`--device cuda`) torch.cuda and its
+    devices are the GPU's own; the streams stay modelled where they are judged."""
+    import torch.cuda.nvtx as nvtx
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(torch.library, {"custom_op": custom_op}))
+        if device.type != DEVICE_TYPE:
+            refused = {name: _refusing(name) for name in REFUSED}
+            stack.enter_context(_patched(torch.cuda, {**NO_OPS, **refused}))
+            stack.enter_context(_patched(nvtx, NVTX))
+            stack.enter_context(cuda_model.stream_api(judged))
+            stack.enter_context(_OnRankDevice(device))
+        elif judged:
+            stack.enter_context(cuda_model.stream_api(judged))
+        yield
+
+
+def on_rank():
+    """The calling rank's streams for one call (an asynchronous step binds its own, judged)."""
+    return cuda_model.StreamModel((), capturing=False).bound()
+
+
+class BreakableCUDAGraphCapture:
+    """vLLM's capture state (vllm/compilation/breakable_cudagraph.py, 0.34.0) for code whose tree
+    does not run it (a file alone): active while the step runs under a CUDA graph capture, as
+    torch.cuda.is_current_stream_capturing() answers. A tree's own class answers for itself."""
+
+    @classmethod
+    def is_active(cls) -> bool:
+        return bool(torch.cuda.is_current_stream_capturing())
+
+    @classmethod
+    def current(cls):
+        return cls if cls.is_active() else None
+
+
+add_bindings({"current_platform": PLATFORM, "direct_register_custom_op": direct_register_custom_op,
+              "BreakableCUDAGraphCapture": BreakableCUDAGraphCapture})
