@@ -12,6 +12,7 @@ and judges it. A backend never judges, and never imports the target: its workers
 from __future__ import annotations
 
 from collections import deque
+from pathlib import Path
 
 from pcpcheck.shared.errors import LoadError
 from pcpcheck.shared.protocol import MAX_AHEAD, MAX_BATCH, RELEASE, RankResult, TargetInfo
@@ -22,6 +23,13 @@ LOAD_TIMEOUT = 10.0  # least seconds for a started worker to import the target (
 # A release's load imports triton, executes its files and probes its manager: 2 s idle here,
 # past 10 s on a slow machine under load, so it is bounded like a start, not like a file's import.
 RELEASE_LOAD_TIMEOUT = STARTUP_TIMEOUT
+
+
+def _in_vllm_tree(source: str) -> bool:
+    """A file inside a `vllm/` tree: its vllm.* imports run the tree's own modules, a release's
+    load (pcpcheck.worker.loader)."""
+    path = Path(source)
+    return path.suffix == ".py" and "vllm" in path.parent.parts
 
 
 class Backend:
@@ -47,10 +55,10 @@ class Backend:
                 raise LoadError(f"{source}: {exc}") from None
         return self._targets[key]
 
-    def load_seconds(self, function: str | None) -> float:
+    def load_seconds(self, function: str | None, source: str) -> float:
         """How long a started worker may take to load the target: a hang at import is a
         LoadError after this, never a wait without end."""
-        if function == RELEASE:
+        if function == RELEASE or _in_vllm_tree(source):
             return max(self.load_timeout, RELEASE_LOAD_TIMEOUT)
         return self.load_timeout
 

@@ -100,7 +100,7 @@ class DistributedBackend(BatchedBackend):
         for worker in target_pool.workers:
             worker.send(protocol.load_request(source, function, 1))
         try:
-            replies = target_pool.expect_all(self.load_seconds(function), "loaded")
+            replies = target_pool.expect_all(self.load_seconds(function, source), "loaded")
             infos = [protocol.target_info(source, function, reply) for reply in replies]
         except LoadError:
             self._retire(target_pool)

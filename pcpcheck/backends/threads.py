@@ -41,7 +41,7 @@ class ThreadsBackend(BatchedBackend):
             self._expect(worker, STARTUP_TIMEOUT, "ready")
             for source, function in self._targets:  # a fresh worker after a broken one
                 worker.send(protocol.load_request(source, function, MAX_RANKS))
-                self._expect(worker, self.load_seconds(function), "loaded")
+                self._expect(worker, self.load_seconds(function, source), "loaded")
         return self._worker
 
     def _expect(self, worker, seconds: float, what: str) -> dict:
@@ -65,7 +65,7 @@ class ThreadsBackend(BatchedBackend):
             self._retire()
             raise LoadError(f"{source}: the worker process is gone")
         try:
-            reply = self._expect(worker, self.load_seconds(function), "loaded")
+            reply = self._expect(worker, self.load_seconds(function, source), "loaded")
             return protocol.target_info(source, function, reply)
         except LoadError:
             self._retire()  # a target that failed to load may have left anything behind

@@ -23,13 +23,13 @@ gets a deployment's answer, never the checker's machine's:
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from pcpcheck.worker import cuda_model
 from pcpcheck.worker.standins import Inert, StandInSpace, add_bindings, refuse, space_of
@@ -90,23 +90,72 @@ def _is_deployment_device(device: object) -> bool:
     return False
 
 
-class _OnRankDevice(TorchFunctionMode):
-    """A deployment device in a torch call is the rank's device."""
+# The torch functions and Tensor methods that make a tensor on a device, or move one (each
+# wrapped while a deployment is installed, and where code bound it at load): a function mode would
+# see every op, and cost the whole step about 1.4 microseconds an op.
+FACTORIES = ("empty", "zeros", "ones", "full", "tensor", "as_tensor", "asarray", "arange", "range",
+             "linspace", "logspace", "eye", "rand", "randn", "randint", "randperm", "empty_like",
+             "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like",
+             "empty_strided", "scalar_tensor", "tril_indices", "triu_indices")
+TENSOR_FACTORIES = ("new_empty", "new_zeros", "new_ones", "new_full", "new_tensor")
+_rank_device: torch.device | None = None  # the installed deployment's rank device
 
-    def __init__(self, device: torch.device):
-        super().__init__()
-        self.device = device
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.Tensor.cuda:
-            return args[0].to(self.device)
-        device = kwargs.get("device")
-        if device is not None and _is_deployment_device(device):
-            kwargs = {**kwargs, "device": self.device}
-        if func is torch.Tensor.to and len(args) > 1 and _is_deployment_device(args[1]):
-            args = (args[0], self.device, *args[2:])
+def _on_rank(device: object) -> object:
+    """`device`, or the rank's device where it names a deployment device inside a deployment."""
+    if _rank_device is not None and _is_deployment_device(device):
+        return _rank_device
+    return device
+
+
+def _mapped(func: Callable) -> Callable:
+    """`func` with a deployment device in its `device` keyword made the rank's."""
+    @functools.wraps(func)
+    def mapped(*args, **kwargs):
+        if "device" in kwargs:
+            kwargs["device"] = _on_rank(kwargs["device"])
         return func(*args, **kwargs)
+    return mapped
+
+
+def _mapped_to(to: Callable) -> Callable:
+    """Tensor.to with a deployment device (first argument or keyword) made the rank's."""
+    def mapped(self, *args, **kwargs):
+        if args:
+            args = (_on_rank(args[0]), *args[1:])
+        if "device" in kwargs:
+            kwargs["device"] = _on_rank(kwargs["device"])
+        return to(self, *args, **kwargs)
+    return mapped
+
+
+def _mapped_cuda(cuda: Callable) -> Callable:
+    """Tensor.cuda: the tensor on the rank's device inside a deployment."""
+    def mapped(self, device=None, non_blocking=False, **kwargs):
+        if _rank_device is None:
+            return cuda(self, device, non_blocking, **kwargs)
+        return self.to(_rank_device, non_blocking=non_blocking)
+    return mapped
+
+
+_ORIGINALS = {name: getattr(torch, name) for name in FACTORIES}
+_TENSOR_ORIGINALS = {name: getattr(torch.Tensor, name)
+                     for name in (*TENSOR_FACTORIES, "to", "cuda")}
+DEVICE_FUNCTIONS = {name: _mapped(func) for name, func in _ORIGINALS.items()}
+DEVICE_METHODS = {**{name: _mapped(_TENSOR_ORIGINALS[name]) for name in TENSOR_FACTORIES},
+                  "to": _mapped_to(_TENSOR_ORIGINALS["to"]),
+                  "cuda": _mapped_cuda(_TENSOR_ORIGINALS["cuda"])}
+
+
+@contextlib.contextmanager
+def _devices_on(device: torch.device):
+    global _rank_device
+    previous, _rank_device = _rank_device, device
+    try:
+        with _patched(torch, DEVICE_FUNCTIONS), _patched(torch.Tensor, DEVICE_METHODS):
+            yield
+    finally:
+        _rank_device = previous
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,9 +195,12 @@ NO_OPS = {"set_device": _nothing, "empty_cache": _nothing, "device": _Device}
 NVTX = {"range_push": lambda *args, **kwargs: 0, "range_pop": lambda *args, **kwargs: 0,
         "mark": _nothing, "range": _range, "range_start": lambda *args, **kwargs: 0,
         "range_end": _nothing}
+# Refused: what only a GPU answers, and CUDA graphs, which are not modelled (a captured step is
+# one whose asynchronous protocol must fall back).
 REFUSED = ("get_device_capability", "get_device_properties", "get_device_name", "mem_get_info",
            "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-           "utilization", "get_arch_list")
+           "memory_stats", "utilization", "get_arch_list", "get_rng_state", "set_rng_state",
+           "CUDAGraph", "graph")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,8 +281,8 @@ def furnish(space: StandInSpace) -> None:
 
 @contextlib.contextmanager
 def _patched(owner: object, names: dict[str, Any]):
-    saved = {name: owner.__dict__.get(name, _ABSENT) if isinstance(owner, types.ModuleType)
-             else getattr(owner, name, _ABSENT) for name in names}
+    """`owner`'s attributes (a module's, a class's own) set to `names` for the block."""
+    saved = {name: vars(owner).get(name, _ABSENT) for name in names}
     for name, value in names.items():
         setattr(owner, name, value)
     try:
@@ -238,8 +290,7 @@ def _patched(owner: object, names: dict[str, Any]):
     finally:
         for name, value in saved.items():
             if value is _ABSENT:
-                with contextlib.suppress(AttributeError):
-                    delattr(owner, name)
+                delattr(owner, name)
             else:
                 setattr(owner, name, value)
 
@@ -261,7 +312,7 @@ def installed(device: torch.device, judged: bool = False):
             stack.enter_context(_patched(torch.cuda, {**NO_OPS, **refused}))
             stack.enter_context(_patched(nvtx, NVTX))
             stack.enter_context(cuda_model.stream_api(judged))
-            stack.enter_context(_OnRankDevice(device))
+            stack.enter_context(_devices_on(device))
         elif judged:
             stack.enter_context(cuda_model.stream_api(judged))
         yield
