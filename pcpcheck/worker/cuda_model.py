@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -260,10 +260,9 @@ class _Accesses(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def stream_api(judged: bool = True):
-    """The modelled API in place of torch.cuda's, for the ranks of one case (each binds its own
-    StreamModel); put back afterwards. `judged`: every aten op's access of a step input is
-    logged too (an asynchronous step, whose trace the judge reads)."""
+def stream_api() -> Iterator[None]:
+    """The modelled API in place of torch.cuda's, for the ranks of a case (each binds its own
+    StreamModel); put back afterwards."""
     saved = {name: getattr(torch.cuda, name) for name in API}
     had_record = "record_stream" in torch.Tensor.__dict__
     saved_record = torch.Tensor.__dict__.get("record_stream")
@@ -271,8 +270,7 @@ def stream_api(judged: bool = True):
         setattr(torch.cuda, name, value)
     torch.Tensor.record_stream = _record_stream  # type: ignore[method-assign,assignment]
     try:
-        with _Accesses() if judged else contextlib.nullcontext():
-            yield
+        yield
     finally:
         for name, value in saved.items():
             setattr(torch.cuda, name, value)
@@ -280,3 +278,9 @@ def stream_api(judged: bool = True):
             torch.Tensor.record_stream = saved_record  # type: ignore[method-assign,assignment]
         else:
             del torch.Tensor.record_stream
+
+
+def accesses_logged() -> _Accesses:
+    """Every aten op's access of a step input logged, for the calling rank's model (an
+    asynchronous step, whose trace the judge reads)."""
+    return _Accesses()

@@ -298,23 +298,38 @@ def _patched(owner: object, names: dict[str, Any]):
 _ABSENT = object()
 
 
-@contextlib.contextmanager
-def installed(device: torch.device, judged: bool = False):
-    """The deployment for a load or for the ranks of one case: torch.cuda modelled, deployment
-    devices the rank's. `judged`: the step's stream trace is judged (an asynchronous step), so
-    every access of an input is logged too. On a real GPU (`--device cuda`) torch.cuda and its
-    devices are the GPU's own; the streams stay modelled where they are judged."""
+_installed: contextlib.ExitStack | None = None
+
+
+def install(device: torch.device) -> None:
+    """The deployment for every later load and case of this worker process, on the rank device
+    `device`: never taken down (the process runs only the code under check and the harness around
+    it, which asks torch.cuda nothing), so a case pays no set-up. On a real GPU (`--device
+    cuda`) torch.cuda and its devices are the GPU's own; the streams are modelled where a step
+    is judged (`judged`)."""
+    global _installed
+    if _installed is not None:
+        return
     import torch.cuda.nvtx as nvtx
+    stack = contextlib.ExitStack()
+    stack.enter_context(_patched(torch.library, {"custom_op": custom_op}))
+    if device.type != DEVICE_TYPE:
+        refused = {name: _refusing(name) for name in REFUSED}
+        stack.enter_context(_patched(torch.cuda, {**NO_OPS, **refused}))
+        stack.enter_context(_patched(nvtx, NVTX))
+        stack.enter_context(cuda_model.stream_api())
+        stack.enter_context(_devices_on(device))
+    _installed = stack
+
+
+@contextlib.contextmanager
+def judged(device: torch.device):
+    """An asynchronous step, whose stream trace is judged: every access of an input is logged
+    too (and on a GPU the stream API is the model's for it)."""
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_patched(torch.library, {"custom_op": custom_op}))
-        if device.type != DEVICE_TYPE:
-            refused = {name: _refusing(name) for name in REFUSED}
-            stack.enter_context(_patched(torch.cuda, {**NO_OPS, **refused}))
-            stack.enter_context(_patched(nvtx, NVTX))
-            stack.enter_context(cuda_model.stream_api(judged))
-            stack.enter_context(_devices_on(device))
-        elif judged:
-            stack.enter_context(cuda_model.stream_api(judged))
+        if device.type == DEVICE_TYPE:
+            stack.enter_context(cuda_model.stream_api())
+        stack.enter_context(cuda_model.accesses_logged())
         yield
 
 

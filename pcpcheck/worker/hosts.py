@@ -14,6 +14,7 @@ cases on the ranks the worker hosts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict
 
@@ -25,7 +26,9 @@ from pcpcheck.worker.runner import CollectiveAborted, RankOutcome
 
 
 def load(request: protocol.LoadRequest, worker) -> tuple[GatherHost | ReleaseHost | None, dict]:
-    """The host of a load request (None if it failed) and the reply the driver gets."""
+    """The host of a load request (None if it failed) and the reply the driver gets. The worker
+    lives in the deployment from its first load on (pcpcheck.worker.deployment)."""
+    deployment.install(worker.device)
     if request.function == RELEASE:
         return ReleaseHost.load(request, worker)
     return GatherHost.load(request, worker)
@@ -42,9 +45,8 @@ class GatherHost:
     def load(cls, request: protocol.LoadRequest, worker) -> tuple[GatherHost | None, dict]:
         from pcpcheck.worker.loader import load_target
         try:
-            with deployment.installed(worker.device):
-                copies = [load_target(request.source, request.function or None)
-                          for _ in range(request.copies)]
+            copies = [load_target(request.source, request.function or None)
+                      for _ in range(request.copies)]
         except LoadError as exc:
             return None, protocol.load_error_reply(str(exc))
         except BaseException as exc:  # noqa: BLE001 - a target's import may raise anything
@@ -75,7 +77,7 @@ class GatherHost:
             with deployment.on_rank():
                 return self._call(rank, case, tensors, slots, nd, current_group(), streams)
 
-        with deployment.installed(worker.device, judged=self._asynchronous(case)):
+        with self._judged(case):
             outcomes = worker.threads.run(case.size, call, worker.on_switch(ranges))
         blobs: list = []
         results = []
@@ -89,6 +91,11 @@ class GatherHost:
     def _asynchronous(self, case: protocol.CaseRequest) -> bool:
         """The step runs the target's asynchronous protocol: it has one, and decodes are sharded."""
         return self.copies[0].protocol is not None and case.shard
+
+    def _judged(self, case: protocol.CaseRequest):
+        """The step's stream trace judged: an asynchronous step's."""
+        return deployment.judged(self.worker.device) if self._asynchronous(case) \
+            else contextlib.nullcontext()
 
     def _call(self, slot: int, case: protocol.CaseRequest, tensors, slots, nd, group,
               streams: list) -> object:
@@ -119,8 +126,7 @@ class GatherHost:
         streams: list[list | None] = [None]
         worker.status.switch(rank, RUNNING)
         try:
-            with deployment.installed(worker.device, judged=self._asynchronous(case)), \
-                    deployment.on_rank():
+            with self._judged(case), deployment.on_rank():
                 outcome.value = self._call(0, case, inputs[0], inputs[1], inputs[2], group,
                                            streams)
             outcome.streams = streams[0]
@@ -151,8 +157,7 @@ class ReleaseHost:
         from pcpcheck.worker.release_code import release_from_spec
         spec = json.loads(request.source)
         try:
-            with deployment.installed(worker.device):
-                release = release_from_spec(spec)
+            release = release_from_spec(spec)
         except BaseException as exc:  # noqa: BLE001 - SourceError, InterfaceDrift, anything else
             kind = type(exc).__name__
             text = str(exc).splitlines()[0] if str(exc) else kind
@@ -179,8 +184,7 @@ class ReleaseHost:
             with deployment.on_rank():
                 return rank_step(step_json, self.spec, rank)
 
-        with deployment.installed(worker.device):
-            outcomes = worker.threads.run(case.size, step, worker.on_switch(ranges))
+        outcomes = worker.threads.run(case.size, step, worker.on_switch(ranges))
         blobs: list = []
         results = [protocol.encode_release_rank(rank, outcome, worker.capture.text(ranges[rank]),
                                                 blobs) for rank, outcome in enumerate(outcomes)]
