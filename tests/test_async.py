@@ -163,7 +163,7 @@ def test_the_stream_model_does_not_import_torchs_compiler():
     interpreter: this one may have imported it for another test."""
     probe = ("import sys, torch\n"
              "from pcpcheck.worker import deployment\n"
-             "deployment.install(torch.device('cpu'))\n"
+             "deployment.enter(torch.device('cpu'))\n"
              "with deployment.judged(torch.device('cpu')), deployment.on_rank():\n"
              "    torch.zeros(2, device='cuda').add(1)\n"
              "print('torch._dynamo' in sys.modules)\n")

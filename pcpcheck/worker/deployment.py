@@ -1,14 +1,15 @@
 """The deployment vLLM's PCP code is written for, modelled on CPU: a CUDA platform, one GPU per
-rank (../shared/docs/pcp-semantics.md section 11). Every step of every mode runs in it (a file,
-alone or in its tree, `--async`, a release's path), so a question the code asks about its world
-gets a deployment's answer, never the checker's machine's:
+rank (../shared/docs/pcp-semantics.md section 11). A worker process enters it at its first load
+(`enter`), so every load and every step of every mode runs in it (a file, alone or in its tree,
+`--async`, a release's path), and a question the code asks about its world gets a deployment's
+answer, never the checker's machine's:
 
 - `PLATFORM`: `vllm.platforms.current_platform` as a CUDA deployment answers it (`is_cuda()`,
   `device_type`, `dispatch_key`, ...). A question no CPU can answer faithfully (a device's
   capability, its memory, its name) is an `Unmodelled` value: using it is refused by name, the
   run stops with exit 2, as a stand-in's use does.
-- Devices: while a case runs (`installed`), a tensor created on, or moved to, `"cuda"`, `"cuda:N"`
-  or `torch.device("cuda")` lives on the rank's device (CPU; the rank's GPU with `--device cuda`).
+- Devices: a tensor created on, or moved to, `"cuda"`, `"cuda:N"` or `torch.device("cuda")`
+  lives on the rank's device (CPU; the rank's GPU with `--device cuda`).
 - `torch.cuda`: the stream API is pcpcheck.worker.cuda_model's, with a stream model bound to every
   rank's call (`on_rank`); a profiling range or mark (`torch.cuda.nvtx`), `set_device`,
   `device(i)` and `empty_cache` move no value and are modelled as doing nothing; a device query
@@ -90,15 +91,14 @@ def _is_deployment_device(device: object) -> bool:
     return False
 
 
-# The torch functions and Tensor methods that make a tensor on a device, or move one (each
-# wrapped while a deployment is installed, and where code bound it at load): a function mode would
-# see every op, and cost the whole step about 1.4 microseconds an op.
+# The torch functions and Tensor methods that make a tensor on a device, or move one, each
+# wrapped in the deployment: a function mode would see every op, about 1.4 microseconds an op.
 FACTORIES = ("empty", "zeros", "ones", "full", "tensor", "as_tensor", "asarray", "arange", "range",
              "linspace", "logspace", "eye", "rand", "randn", "randint", "randperm", "empty_like",
              "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like",
              "empty_strided", "scalar_tensor", "tril_indices", "triu_indices")
 TENSOR_FACTORIES = ("new_empty", "new_zeros", "new_ones", "new_full", "new_tensor")
-_rank_device: torch.device | None = None  # the installed deployment's rank device
+_rank_device: torch.device | None = None  # the deployment's rank device, once entered
 
 
 def _on_rank(device: object) -> object:
@@ -298,17 +298,17 @@ def _patched(owner: object, names: dict[str, Any]):
 _ABSENT = object()
 
 
-_installed: contextlib.ExitStack | None = None
+_entered: contextlib.ExitStack | None = None
 
 
-def install(device: torch.device) -> None:
+def enter(device: torch.device) -> None:
     """The deployment for every later load and case of this worker process, on the rank device
     `device`: never taken down (the process runs only the code under check and the harness around
     it, which asks torch.cuda nothing), so a case pays no set-up. On a real GPU (`--device
     cuda`) torch.cuda and its devices are the GPU's own; the streams are modelled where a step
     is judged (`judged`)."""
-    global _installed
-    if _installed is not None:
+    global _entered
+    if _entered is not None:
         return
     import torch.cuda.nvtx as nvtx
     stack = contextlib.ExitStack()
@@ -319,7 +319,7 @@ def install(device: torch.device) -> None:
         stack.enter_context(_patched(nvtx, NVTX))
         stack.enter_context(cuda_model.stream_api())
         stack.enter_context(_devices_on(device))
-    _installed = stack
+    _entered = stack
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ from pcpcheck.worker.runner import CollectiveAborted, RankOutcome
 def load(request: protocol.LoadRequest, worker) -> tuple[GatherHost | ReleaseHost | None, dict]:
     """The host of a load request (None if it failed) and the reply the driver gets. The worker
     lives in the deployment from its first load on (pcpcheck.worker.deployment)."""
-    deployment.install(worker.device)
+    deployment.enter(worker.device)
     if request.function == RELEASE:
         return ReleaseHost.load(request, worker)
     return GatherHost.load(request, worker)
