@@ -19,6 +19,7 @@ from pcpcheck.shared.errors import LoadError
 from pcpcheck.shared.source import GATHERS
 from pcpcheck_spec.names import DCP, SHARDED
 from tests.test_async import FORK, MUTANTS
+from tests.test_vllm_drift import drifted
 from tests.test_vllm_kernels import checkout
 
 pytestmark = pytest.mark.xdist_group("vllm_drift")  # beside test_vllm_drift's checkouts
@@ -98,15 +99,6 @@ CUSTOM_OPS = (
 )
 
 
-def _drifted(wheel, root, changes):
-    checkout(wheel, root)
-    for relpath, old, new in changes:
-        text = (root / relpath).read_text()
-        assert text.count(old) == 1, f"{old!r} is not once in {relpath}"
-        (root / relpath).write_text(text.replace(old, new))
-    return root
-
-
 def _verdicts(root):
     return check_release(root, regimes=(SHARDED, DCP), max_examples=15, max_ranks=3).verdicts()
 
@@ -120,7 +112,7 @@ DRIFTS = {"platform-question": (PLATFORM_QUESTION,), "platform-device": (PLATFOR
 def test_a_drift_that_asks_about_the_deployment_holds(wheel_0_34, tmp_path, drift):
     """Exit 0 with no refused use (a refusal raises LoadError): the release path's gather and
     wrappers run in the modelled deployment."""
-    root = _drifted(wheel_0_34, tmp_path / drift, DRIFTS[drift])
+    root = drifted(wheel_0_34, tmp_path / drift, *DRIFTS[drift])
     assert _verdicts(root) == HOLDS
 
 
@@ -128,7 +120,7 @@ def test_a_drift_that_asks_about_the_deployment_holds(wheel_0_34, tmp_path, drif
 def test_the_drifted_gather_file_alone_holds(wheel_0_34, tmp_path, drift, pcpcheck_check):
     """The same gather copied out of its tree: vllm.platforms is a stand-in module there, and
     current_platform still answers as the deployment."""
-    root = _drifted(wheel_0_34, tmp_path / drift, DRIFTS[drift])
+    root = drifted(wheel_0_34, tmp_path / drift, *DRIFTS[drift])
     alone = tmp_path / "pcp.py"
     alone.write_text((root / GATHER).read_text())
     assert pcpcheck_check([alone, "--regime", SHARDED, "--regime", DCP, "--max-examples", "20"]) == 0
@@ -140,7 +132,7 @@ def test_the_drifted_gather_file_alone_holds(wheel_0_34, tmp_path, drift, pcpche
     ("    assert torch.cuda.mem_get_info()[0] > 0\n", "torch.cuda.mem_get_info"),
 ], ids=["platform-capability", "device-memory"])
 def test_a_question_only_a_gpu_answers_exits_2_naming_it(wheel_0_34, tmp_path, question, name):
-    root = _drifted(wheel_0_34, tmp_path / "device", (_gather_starts_with(question),))
+    root = drifted(wheel_0_34, tmp_path / "device", _gather_starts_with(question))
     with pytest.raises(LoadError, match=rf"pcp\.py:\d+: .*{name}.*not modelled"):
         _verdicts(root)
 

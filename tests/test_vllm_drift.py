@@ -42,7 +42,7 @@ TABLE_IMPORT = (MANAGER, "from vllm.v1.worker.gpu.block_table import BlockTables
                 "from vllm.v1.worker.gpu.pcp_constants import PAD_IDS\n")
 
 
-def _drifted(wheel, root, *changes, added=()):
+def drifted(wheel, root, *changes, added=()):
     checkout(wheel, root)
     for relpath, old, new in changes:
         text = (root / relpath).read_text()
@@ -60,23 +60,23 @@ def _verdicts(root, regimes=(REPLICATED,)):
 def test_a_settings_read_in_the_gather_holds(wheel, tmp_path):
     """The release's own vllm/envs.py answers the setting with its default (an inert answered
     False, and the gather returned early: LENGTH violated on correct code)."""
-    root = _drifted(wheel, tmp_path / "envs", SETTINGS_READ)
+    root = drifted(wheel, tmp_path / "envs", SETTINGS_READ)
     assert _verdicts(root, (REPLICATED, SHARDED)) == {REPLICATED: "holds", SHARDED: "holds"}
 
 
 def test_a_helper_moved_into_a_new_module_holds(wheel, tmp_path):
-    root = _drifted(wheel, tmp_path / "helper", HELPER_MOVED, added=[HELPER_MODULE])
+    root = drifted(wheel, tmp_path / "helper", HELPER_MOVED, added=[HELPER_MODULE])
     assert _verdicts(root) == {REPLICATED: "holds"}
 
 
 def test_a_table_moved_into_a_new_module_holds(wheel, tmp_path):
-    root = _drifted(wheel, tmp_path / "table", TABLE_MOVED, TABLE_IMPORT, added=[TABLE_MODULE])
+    root = drifted(wheel, tmp_path / "table", TABLE_MOVED, TABLE_IMPORT, added=[TABLE_MODULE])
     assert _verdicts(root) == {REPLICATED: "holds"}
 
 
 def test_an_internal_renamed_without_its_callers_exits_2_naming_it(wheel, tmp_path):
     """A broken refactor: the helper the manager imports is renamed where it is defined."""
-    root = _drifted(wheel, tmp_path / "renamed",
+    root = drifted(wheel, tmp_path / "renamed",
                     (BACKEND_UTILS, "def get_dcp_local_seq_lens(", "def dcp_local_seq_lens("))
     with pytest.raises(LoadError, match="get_dcp_local_seq_lens"):
         _verdicts(root)
@@ -86,5 +86,5 @@ def test_a_gather_file_inside_a_checkout_runs_the_checkouts_own_modules(wheel, t
                                                                         pcpcheck_check):
     """`pcpcheck check CHECKOUT/vllm/v1/attention/ops/pcp.py`: the file's vllm.* imports run
     from the tree it lives in (its settings read answered by its own envs.py)."""
-    root = _drifted(wheel, tmp_path / "envs", SETTINGS_READ)
+    root = drifted(wheel, tmp_path / "envs", SETTINGS_READ)
     assert pcpcheck_check([root / GATHERS[0], "--max-examples", "20"]) == 0
