@@ -72,7 +72,8 @@ def unreachable(regime: str, capabilities: dict | None = None,
     checked alone (`pcpcheck check`, a replay: one gather call per case, one KV group), else a
     release's (ReleaseRecord.capabilities: `pcpcheck vllm`), whose step calls the gather again
     for its second KV group only in dcp, where that group is replicated
-    (protocol.Capabilities.replicated_group_call)."""
+    (protocol.Capabilities.replicated_group_call). `counted`: the regime's counts so far; the
+    ASYNC_FEATURES are reachable once a step counted one of them (a run with `--async`)."""
     unreached = set() if any((counted or {}).get(f) for f in ASYNC_FEATURES) else set(ASYNC_FEATURES)
     if not (capabilities is not None and regime == DCP and capabilities.get("replicated_kv_group")):
         unreached.add(KV_GROUPS)
