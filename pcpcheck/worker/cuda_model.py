@@ -3,11 +3,12 @@ replication"): the target runs on CPU tensors, eagerly, in the order it issues w
 model records what each stream did in a stream trace (spec/streams.py) for the judge. It is
 part of the deployment every step runs in (pcpcheck.worker.deployment).
 
-While `stream_api()` is active, torch.cuda's stream API (`Stream`, `Event`, `current_stream`,
-`default_stream`, `stream(...)`, `set_stream`, `synchronize`, `is_current_stream_capturing`,
-`is_available`, `current_device`, `device_count`) and `Tensor.record_stream` are this module's,
-and a TorchDispatchMode logs every aten op that reads or writes an input of the step (views
-read nothing). Each rank has its own `StreamModel` (a context variable: greenlets and threads
+Where the deployment installs it (`API`, `TENSOR_API`), torch.cuda's stream API (`Stream`,
+`Event`, `current_stream`, `default_stream`, `stream(...)`, `set_stream`, `synchronize`,
+`is_current_stream_capturing`, `is_available`, `current_device`, `device_count`) and
+`Tensor.record_stream` are this module's, and in a judged step a TorchDispatchMode
+(`accesses_logged`) logs every aten op that reads or writes an input of the step (views read
+nothing). Each rank has its own `StreamModel` (a context variable: greenlets and threads
 each see their own); outside a rank's call the API raises.
 
 Eager CPU execution makes every value right whatever the order: only the trace can show a
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -220,6 +221,8 @@ def _record_stream(tensor: torch.Tensor, chosen: Stream) -> None:
         model.log(KEEP, chosen.id, INPUT, index)
 
 
+# torch.cuda's names and Tensor's the model replaces while the deployment installs it
+# (pcpcheck.worker.deployment).
 API = {
     "Stream": Stream,
     "Event": Event,
@@ -233,6 +236,7 @@ API = {
     "current_device": lambda: 0,
     "device_count": lambda: 1,
 }
+TENSOR_API = {"record_stream": _record_stream}
 
 
 class _Accesses(TorchDispatchMode):
@@ -257,27 +261,6 @@ class _Accesses(TorchDispatchMode):
                     if isinstance(tensor, torch.Tensor):
                         model.touch(tensor, write)
         return func(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def stream_api() -> Iterator[None]:
-    """The modelled API in place of torch.cuda's, for the ranks of a case (each binds its own
-    StreamModel); put back afterwards."""
-    saved = {name: getattr(torch.cuda, name) for name in API}
-    had_record = "record_stream" in torch.Tensor.__dict__
-    saved_record = torch.Tensor.__dict__.get("record_stream")
-    for name, value in API.items():
-        setattr(torch.cuda, name, value)
-    torch.Tensor.record_stream = _record_stream  # type: ignore[method-assign,assignment]
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(torch.cuda, name, value)
-        if had_record:
-            torch.Tensor.record_stream = saved_record  # type: ignore[method-assign,assignment]
-        else:
-            del torch.Tensor.record_stream
 
 
 def accesses_logged() -> _Accesses:

@@ -98,64 +98,40 @@ FACTORIES = ("empty", "zeros", "ones", "full", "tensor", "as_tensor", "asarray",
              "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like",
              "empty_strided", "scalar_tensor", "tril_indices", "triu_indices")
 TENSOR_FACTORIES = ("new_empty", "new_zeros", "new_ones", "new_full", "new_tensor")
-_rank_device: torch.device | None = None  # the deployment's rank device, once entered
 
 
-def _on_rank(device: object) -> object:
-    """`device`, or the rank's device where it names a deployment device inside a deployment."""
-    if _rank_device is not None and _is_deployment_device(device):
-        return _rank_device
-    return device
+def _devices_on(device: torch.device) -> contextlib.ExitStack:
+    """FACTORIES, TENSOR_FACTORIES, `Tensor.to` and `Tensor.cuda` with a deployment device made
+    `device` (the rank's), for the returned stack's life."""
+    def on_rank(value: object) -> object:
+        return device if _is_deployment_device(value) else value
 
+    def mapped(func: Callable) -> Callable:
+        @functools.wraps(func)
+        def with_device(*args, **kwargs):
+            if "device" in kwargs:
+                kwargs["device"] = on_rank(kwargs["device"])
+            return func(*args, **kwargs)
+        return with_device
 
-def _mapped(func: Callable) -> Callable:
-    """`func` with a deployment device in its `device` keyword made the rank's."""
-    @functools.wraps(func)
-    def mapped(*args, **kwargs):
-        if "device" in kwargs:
-            kwargs["device"] = _on_rank(kwargs["device"])
-        return func(*args, **kwargs)
-    return mapped
+    original_to = torch.Tensor.to
 
-
-def _mapped_to(to: Callable) -> Callable:
-    """Tensor.to with a deployment device (first argument or keyword) made the rank's."""
-    def mapped(self, *args, **kwargs):
+    def to(self, *args, **kwargs):
         if args:
-            args = (_on_rank(args[0]), *args[1:])
+            args = (on_rank(args[0]), *args[1:])
         if "device" in kwargs:
-            kwargs["device"] = _on_rank(kwargs["device"])
-        return to(self, *args, **kwargs)
-    return mapped
+            kwargs["device"] = on_rank(kwargs["device"])
+        return original_to(self, *args, **kwargs)
 
+    def cuda(self, device_index=None, non_blocking=False, **kwargs):
+        return original_to(self, device, non_blocking=non_blocking)
 
-def _mapped_cuda(cuda: Callable) -> Callable:
-    """Tensor.cuda: the tensor on the rank's device inside a deployment."""
-    def mapped(self, device=None, non_blocking=False, **kwargs):
-        if _rank_device is None:
-            return cuda(self, device, non_blocking, **kwargs)
-        return self.to(_rank_device, non_blocking=non_blocking)
-    return mapped
-
-
-_ORIGINALS = {name: getattr(torch, name) for name in FACTORIES}
-_TENSOR_ORIGINALS = {name: getattr(torch.Tensor, name)
-                     for name in (*TENSOR_FACTORIES, "to", "cuda")}
-DEVICE_FUNCTIONS = {name: _mapped(func) for name, func in _ORIGINALS.items()}
-DEVICE_METHODS = {**{name: _mapped(_TENSOR_ORIGINALS[name]) for name in TENSOR_FACTORIES},
-                  "to": _mapped_to(_TENSOR_ORIGINALS["to"]),
-                  "cuda": _mapped_cuda(_TENSOR_ORIGINALS["cuda"])}
-
-
-@contextlib.contextmanager
-def _devices_on(device: torch.device):
-    global _rank_device
-    previous, _rank_device = _rank_device, device
-    try:
-        with _patched(torch, DEVICE_FUNCTIONS), _patched(torch.Tensor, DEVICE_METHODS):
-            yield
-    finally:
-        _rank_device = previous
+    stack = contextlib.ExitStack()
+    stack.enter_context(_patched(torch, {name: mapped(getattr(torch, name)) for name in FACTORIES}))
+    stack.enter_context(_patched(torch.Tensor, {
+        **{name: mapped(getattr(torch.Tensor, name)) for name in TENSOR_FACTORIES},
+        "to": to, "cuda": cuda}))
+    return stack
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,7 +162,8 @@ def _range(*args, **kwargs):
 
 def _refusing(name: str) -> Callable:
     def refused(*args, **kwargs):
-        refuse(f"torch.cuda.{name}() is not modelled ({UNMODELLED})", f"torch.cuda.{name}")
+        refuse(f"torch.cuda.{name}() is not modelled ({UNMODELLED})", f"torch.cuda.{name}",
+               "a call", sys._getframe(1))
     return refused
 
 
@@ -298,6 +275,14 @@ def _patched(owner: object, names: dict[str, Any]):
 _ABSENT = object()
 
 
+def _stream_api() -> contextlib.ExitStack:
+    """torch.cuda's stream API the model's (pcpcheck.worker.cuda_model), for the stack's life."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(_patched(torch.cuda, cuda_model.API))
+    stack.enter_context(_patched(torch.Tensor, cuda_model.TENSOR_API))
+    return stack
+
+
 _entered: contextlib.ExitStack | None = None
 
 
@@ -317,7 +302,7 @@ def enter(device: torch.device) -> None:
         refused = {name: _refusing(name) for name in REFUSED}
         stack.enter_context(_patched(torch.cuda, {**NO_OPS, **refused}))
         stack.enter_context(_patched(nvtx, NVTX))
-        stack.enter_context(cuda_model.stream_api())
+        stack.enter_context(_stream_api())
         stack.enter_context(_devices_on(device))
     _entered = stack
 
@@ -328,7 +313,7 @@ def judged(device: torch.device):
     too (and on a GPU the stream API is the model's for it)."""
     with contextlib.ExitStack() as stack:
         if device.type == DEVICE_TYPE:
-            stack.enter_context(cuda_model.stream_api())
+            stack.enter_context(_stream_api())
         stack.enter_context(cuda_model.accesses_logged())
         yield
 

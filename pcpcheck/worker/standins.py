@@ -89,10 +89,9 @@ _load_lock = threading.RLock()
 _refused: list[str] = []  # every refused use in this process (Inert._refuse), until taken
 
 
-def refuse(message: str, name: str, use: str = "a value") -> typing.NoReturn:
-    """Refuse a use pcpcheck cannot honour: `message` after the file and line of the code that
-    made it (the caller's caller), recorded for the worker (`take_refused`), then raised."""
-    frame = sys._getframe(2)
+def refuse(message: str, name: str, use: str, frame: types.FrameType) -> typing.NoReturn:
+    """Refuse a use pcpcheck cannot honour: `message` after the file and line of `frame` (the
+    code that made the use), recorded for the worker (`take_refused`), then raised."""
     message = f"{frame.f_code.co_filename}:{frame.f_lineno}: {message}: pcpcheck cannot honour it"
     with _load_lock:
         _refused.append(message)
@@ -265,12 +264,8 @@ class Inert:
 
     def _refuse(self, use: str):
         why = self._reason()
-        frame = sys._getframe(2)  # the code that used it: past this and the dunder
-        message = (f"{frame.f_code.co_filename}:{frame.f_lineno}: {self._name} is {self.KIND}"
-                   f"{f' ({why})' if why else ''}, used as {use}: pcpcheck cannot honour it")
-        with _load_lock:
-            _refused.append(message)
-        raise StandInError(message, self._name, use)
+        refuse(f"{self._name} is {self.KIND}{f' ({why})' if why else ''}, used as {use}",
+               self._name, use, sys._getframe(2))  # the code that used it: past this and the dunder
 
     def __iter__(self):
         self._refuse("a container (iterated)")
