@@ -124,15 +124,17 @@ REGISTRY: tuple[Invariant, ...] = (
               lambda step, k: (step.expected[0], _caches(step, k)), blame=_cache_differs),
     Invariant(SHARD, inv.shard, GLOBAL_PER_TENSOR, (DCP,),
               lambda step, k: (step.expected, _caches(step, k), step.tokens), blame=_cache_differs),
-    # An asynchronous protocol runs where decodes are sharded (`pcpcheck check --async`); the
-    # judge names what each reader reads (Step.readers).
+    # An asynchronous protocol runs where decodes are sharded (`pcpcheck check --async`); a
+    # gather whose file uses the stream API has its inputs' order judged in every regime (the
+    # slots it returns the caller writes and reads on its own stream). The judge names what each
+    # reader reads (Step.readers).
     Invariant(ASYNC_FALLBACK, inv.async_fallback, PER_RANK, (SHARDED,),
               lambda step, r: (step.ranks[r].streams,), checkers=(ASYNC,)),
-    Invariant(ASYNC_INPUT, inv.async_inputs_ordered, PER_RANK, (SHARDED,),
+    Invariant(ASYNC_INPUT, inv.async_inputs_ordered, PER_RANK, REGIMES,
               lambda step, r: (step.ranks[r].streams,), checkers=(ASYNC,)),
     Invariant(ASYNC_READ, inv.async_reads_ordered, PER_RANK, (SHARDED,),
               lambda step, r: (step.ranks[r].streams, step.readers[r]), checkers=(ASYNC,)),
-    Invariant(ASYNC_LIFETIME, inv.async_inputs_kept, PER_RANK, (SHARDED,),
+    Invariant(ASYNC_LIFETIME, inv.async_inputs_kept, PER_RANK, REGIMES,
               lambda step, r: (step.ranks[r].streams,), checkers=(ASYNC,)),
 )
 

@@ -89,7 +89,7 @@ def test_a_replayed_case_reports_its_exact_coverage_with_every_zero(threads_back
     # several KV groups: a release's alone (a gather is called once per case), and the
     # asynchronous protocol's starts (a synchronous run), left out: n/a
     assert dict(summary.features) == {f: int(f in features) for f in coverage.FEATURES
-                                      if f not in (F.KV_GROUPS, *F.ASYNC_FEATURES)}
+                                      if f not in (F.KV_GROUPS, *F.TRACE_FEATURES)}
     table = _table(report.result_text(result))
     assert table["branch B"] == [1] and table["branch E"] == [0]
     assert table[F.KV_GROUPS] == ["n/a"] and table[F.GRAPH_PADDING] == [1]
@@ -125,7 +125,7 @@ def test_a_release_check_reports_coverage():
     # several KV groups: only in dcp, where a release's second KV group is replicated; no
     # asynchronous protocol on the release path
     assert [f for f, _ in summary.features] == [f for f in coverage.FEATURES
-                                                if f not in (F.KV_GROUPS, *F.ASYNC_FEATURES)]
+                                                if f not in (F.KV_GROUPS, *F.TRACE_FEATURES)]
     assert "coverage (cases)" in report.result_text(result)
 
 

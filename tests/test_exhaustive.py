@@ -177,7 +177,7 @@ def test_impl_holds_within_the_default_scope(threads_backend):
     assert all(s.complete for s in result.regimes)
     assert {b for s in result.regimes for b, n in s.branches if n} == set(coverage.BRANCHES)
     assert {f for s in result.regimes for f, n in s.features if n} == \
-        set(coverage.FEATURES) - {coverage.KV_GROUPS, *coverage.ASYNC_FEATURES}
+        set(coverage.FEATURES) - {coverage.KV_GROUPS, *coverage.TRACE_FEATURES}
     again = api.CheckResult.from_json(result.to_json())
     assert again.options.scope == scope.DEFAULT_SCOPE.spec()
     assert [s.scope_steps for s in again.regimes] == [
@@ -234,7 +234,7 @@ def test_an_exhaustive_result_follows_the_documented_schema_and_round_trips(thre
                                                 "sharded")
     # every feature a gather check can reach (several KV groups: a release's alone, left out)
     assert set(regime["coverage"]["features"]) == \
-        set(coverage.FEATURES) - {coverage.KV_GROUPS, *coverage.ASYNC_FEATURES}
+        set(coverage.FEATURES) - {coverage.KV_GROUPS, *coverage.TRACE_FEATURES}
     again = api.CheckResult.from_json(result.to_json())
     assert again.regimes == result.regimes and again.options == result.options
 

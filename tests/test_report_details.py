@@ -63,14 +63,18 @@ def _step(regime=SHARDED) -> Case:
 def test_unreachable_features_are_those_of_the_kind_of_run():
     """A gather checked alone makes one call per case (one KV group); a release calls it again
     for its second KV group only in dcp, where that group is replicated."""
-    synchronous = set(coverage.ASYNC_FEATURES)  # no protocol started or fell back: no --async
+    synchronous = set(coverage.TRACE_FEATURES)  # no stream trace judged: no --async, no streams
     assert coverage.unreachable(SHARDED) == coverage.unreachable(DCP) == {KV_GROUPS, *synchronous}
     replicated_group = {"replicated_kv_group": True}
     assert coverage.unreachable(DCP, replicated_group) == synchronous
     assert coverage.unreachable(SHARDED, replicated_group) == {KV_GROUPS, *synchronous}
     assert coverage.unreachable(DCP, {"replicated_kv_group": False}) == {KV_GROUPS, *synchronous}
-    # an asynchronous run counts all three, 0 included, once any of them is counted
-    assert coverage.unreachable(SHARDED, None, {coverage.ASYNC_DECLINED: 1}) == {KV_GROUPS}
+    # an asynchronous run counts all three, 0 included, once any of them is counted; a gather
+    # whose streams are judged without a protocol, its two
+    assert coverage.unreachable(SHARDED, None, {coverage.ASYNC_DECLINED: 1}) == {
+        KV_GROUPS, *coverage.STREAM_FEATURES}
+    assert coverage.unreachable(SHARDED, None, {coverage.MAIN_STREAM_ONLY: 1}) == {
+        KV_GROUPS, *coverage.ASYNC_FEATURES}
     # reachable: counted, 0 included; unreachable: left out, unless a case did reach it
     dcp = RegimeResult(regime=DCP, cases=3)
     assert dict(assemble.summary(dcp, replicated_group).features)[KV_GROUPS] == 0
@@ -84,7 +88,7 @@ def test_a_gather_check_shows_several_kv_groups_as_na_everywhere(threads_backend
     (summary,) = result.regimes
     features = dict(summary.features)
     assert KV_GROUPS not in features and features[coverage.GRAPH_PADDING] == 1
-    assert set(features) == set(coverage.FEATURES) - {KV_GROUPS, *coverage.ASYNC_FEATURES}
+    assert set(features) == set(coverage.FEATURES) - {KV_GROUPS, *coverage.TRACE_FEATURES}
     text = report.result_text(result)
     assert _coverage_row(text, KV_GROUPS) == ["n/a"]
     assert _coverage_row(text, coverage.INTERLEAVE_2) == ["0"]  # reachable, not reached: 0

@@ -25,6 +25,7 @@ from pcpcheck_spec.names import (
     CAPTURING,
     DCP,
     DRAFT_REGIMES,
+    MAIN_STREAM,
     STARTED,
     Batch,
 )
@@ -48,18 +49,30 @@ ASYNC_STARTED = "async protocol started"
 ASYNC_CAPTURED = "async fallback: graph capture"
 ASYNC_DECLINED = "async fallback: start answered False"
 ASYNC_FEATURES = (ASYNC_STARTED, ASYNC_CAPTURED, ASYNC_DECLINED)
+# A step of a gather whose file uses the stream API, judged without a protocol: whether some
+# rank's gather did work on a stream besides the main one (only then is there an order to judge).
+SIDE_STREAMS = "gather used a side stream"
+MAIN_STREAM_ONLY = "gather used the main stream alone"
+STREAM_FEATURES = (SIDE_STREAMS, MAIN_STREAM_ONLY)
+TRACE_FEATURES = (*ASYNC_FEATURES, *STREAM_FEATURES)  # counted from a judged stream trace
+# The steps on which an order between streams was exercised: ASYNC_INPUT, _READ, _LIFETIME count
+ORDERED = (ASYNC_STARTED, SIDE_STREAMS)
 FEATURES = (GRAPH_PADDING, DP_PADDING, MAP_PAST_ND, INTERLEAVE_2, EMPTY_RANK, ROUND_ROBIN,
-            SHORT_PREFILL_REPLICATED, KV_GROUPS, SPLIT_HEAD_TAIL, *ASYNC_FEATURES)
+            SHORT_PREFILL_REPLICATED, KV_GROUPS, SPLIT_HEAD_TAIL, *TRACE_FEATURES)
 
 
 def asynchronous(traces: list) -> str | None:
-    """The ASYNC_FEATURES entry of a step, from its ranks' stream traces (None: not an
-    asynchronous step)."""
+    """The ASYNC_FEATURES or STREAM_FEATURES entry of a step, from its ranks' stream traces
+    (None: a step whose streams were not judged). A protocol's trace carries start's answer; a
+    gather judged alone has none."""
     traces = [trace for trace in traces if trace is not None]
     if not traces:
         return None
-    flags = {op: index for trace in traces for op, _, _, index, _ in trace
-             if op in (STARTED, CAPTURING) and index}
+    entries = [entry for trace in traces for entry in trace]
+    if not any(entry[0] == STARTED for entry in entries):
+        return SIDE_STREAMS if any(entry[1] > MAIN_STREAM for entry in entries) \
+            else MAIN_STREAM_ONLY
+    flags = {op for op, _, _, index, _ in entries if op in (STARTED, CAPTURING) and index}
     if STARTED in flags:
         return ASYNC_STARTED
     return ASYNC_CAPTURED if CAPTURING in flags else ASYNC_DECLINED
@@ -73,8 +86,10 @@ def unreachable(regime: str, capabilities: dict | None = None,
     release's (ReleaseRecord.capabilities: `pcpcheck vllm`), whose step calls the gather again
     for its second KV group only in dcp, where that group is replicated
     (protocol.Capabilities.replicated_group_call). `counted`: the regime's counts so far; the
-    ASYNC_FEATURES are reachable once a step counted one of them (a run with `--async`)."""
-    unreached = set() if any((counted or {}).get(f) for f in ASYNC_FEATURES) else set(ASYNC_FEATURES)
+    ASYNC_FEATURES are reachable once a step counted one of them (a run with `--async`), the
+    STREAM_FEATURES likewise (a gather whose file uses streams)."""
+    unreached = {feature for group in (ASYNC_FEATURES, STREAM_FEATURES)
+                 if not any((counted or {}).get(f) for f in group) for feature in group}
     if not (capabilities is not None and regime == DCP and capabilities.get("replicated_kv_group")):
         unreached.add(KV_GROUPS)
     return frozenset(unreached)

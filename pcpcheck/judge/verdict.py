@@ -11,6 +11,7 @@ from pcpcheck.judge import coverage
 from pcpcheck.judge.observe import RankView
 from pcpcheck.judge.prepare import Prepared
 from pcpcheck_spec.names import (
+    ASYNC_FALLBACK,
     ASYNC_INPUT,
     ASYNC_LIFETIME,
     ASYNC_READ,
@@ -19,7 +20,8 @@ from pcpcheck_spec.names import (
 )
 from pcpcheck_spec.registry import Step, evaluate
 
-ORDERINGS = (ASYNC_INPUT, ASYNC_READ, ASYNC_LIFETIME)  # what only a started protocol exercises
+ORDERINGS = (ASYNC_INPUT, ASYNC_READ, ASYNC_LIFETIME)  # what only an order between streams exercises
+PROTOCOL_ONLY = (ASYNC_FALLBACK, ASYNC_READ)  # what only a protocol can break
 
 
 @dataclass
@@ -64,8 +66,13 @@ def judge(prepared: Prepared, views: list[RankView], regime: str | None = None
                 len(prepared.case.tensors),
                 readers(prepared) if any(view.streams is not None for view in views) else [])
     failed, ran = evaluate(step, regime or prepared.case.batch.regime)
-    if coverage.asynchronous([view.streams for view in views]) not in (None, coverage.ASYNC_STARTED):
-        # no rank started the protocol: no asynchronous order was exercised, so these count as
-        # checked only where they found a fault (ASYNC_FALLBACK judges the fallback itself)
-        ran = tuple(i for i in ran if i not in ORDERINGS or i in failed)
+    exercised = coverage.asynchronous([view.streams for view in views])
+    if exercised is not None:
+        # what the step did not exercise counts as checked only where it found a fault: the
+        # orderings where no rank started a protocol or used a side stream; where there is no
+        # protocol (a gather judged alone), the fallback rule and the readers' order (the caller
+        # writes the slots and reads them on one stream)
+        unexercised = (() if exercised in coverage.ORDERED else ORDERINGS) + (
+            PROTOCOL_ONLY if exercised in coverage.STREAM_FEATURES else ())
+        ran = tuple(i for i in ran if i not in unexercised or i in failed)
     return [Violation(i, ranks) for i, ranks in failed.items()], ran

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pcpcheck.api.assemble import SAME_CHECK
 from pcpcheck.judge import coverage
 from pcpcheck.judge.explain import LEGEND
+from pcpcheck.judge.verdict import PROTOCOL_ONLY
 from pcpcheck.search.scope import parse_scope
 from pcpcheck.shared.protocol import MANAGER_STAGE, split_function
 from pcpcheck.shared.results import NOT_EVALUATED
@@ -66,9 +67,9 @@ def not_applicable_reason(result, summary, invariant: str) -> str:
     if entry is not None and regime not in entry.regimes:
         if invariant in _CACHE_CHECKS:
             return f"{invariant}: {_CACHE_CHECKS[invariant]}"
-        if invariant in ASYNC_IDS:  # one reason for the four
-            return ("ASYNC_*: the asynchronous protocol runs only where decodes are sharded "
-                    f"(regime {', '.join(entry.regimes)})")
+        if invariant in ASYNC_IDS:
+            return (f"{invariant}: only an asynchronous protocol can break it, and it runs only "
+                    f"where decodes are sharded (regime {', '.join(entry.regimes)})")
         manager = next((stage for stage in result.release.paths if stage.stage == MANAGER_STAGE),
                        None) if invariant == LAYOUT and result.release is not None else None
         if manager is not None:  # the path table says which steps the release's manager lays out
@@ -84,6 +85,15 @@ def not_applicable_reason(result, summary, invariant: str) -> str:
         return (f"{invariant} under {regime}: the asynchronous protocol started on no step (it "
                 f"fell back on {features.get(coverage.ASYNC_CAPTURED, 0)} under a graph capture "
                 f"and on {features.get(coverage.ASYNC_DECLINED, 0)} where start answered False)")
+    if invariant in ASYNC_IDS and any(features.get(f) for f in coverage.STREAM_FEATURES):
+        return (f"{invariant} under {regime}: " + (
+            "only an asynchronous protocol can break it (none runs: no --async); the gather's "
+            "streams are judged" if invariant in PROTOCOL_ONLY else
+            "the gather's file uses the stream API, and no step's gather used a stream but the "
+            "main one"))
+    if invariant in ASYNC_IDS:  # one reason, whatever the regime
+        return ("ASYNC_*: no step's streams were judged here (the protocol runs only where "
+                "decodes are sharded, and the gather's file uses no stream API)")
     if entry is not None and entry.needs_output:
         return (f"{invariant} under {regime}: it judges what a call returned, and no rank's call "
                 "returned well-formed outputs (RETURNS)")
@@ -180,12 +190,14 @@ def verdict_words(result) -> str:
 
 
 def checked_ids(result) -> tuple[str, ...]:
-    """The invariants a result's checker evaluates: a release's, else a gather's (and with
-    `--async`, the asynchronous protocol's)."""
+    """The invariants a result's checker evaluates: a release's, else a gather's (and the
+    streams': with `--async`, or where a gather's file uses the stream API)."""
     if result.release is not None:
         return RELEASE_IDS
-    asynchronous = split_function(result.options.function)[1] is not None
-    return GATHER_IDS + ASYNC_IDS if asynchronous else GATHER_IDS
+    streams = split_function(result.options.function)[1] is not None or any(
+        dict(summary.features).get(feature) for summary in result.regimes
+        for feature in coverage.STREAM_FEATURES)
+    return GATHER_IDS + ASYNC_IDS if streams else GATHER_IDS
 
 
 def result_text(result) -> str:

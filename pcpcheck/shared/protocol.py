@@ -34,7 +34,7 @@ import torch
 from pcpcheck.shared import wire
 from pcpcheck.shared.defaults import MAX_RANKS
 from pcpcheck.shared.errors import InterfaceDrift, LoadError, SourceError
-from pcpcheck_spec.names import DCP, INCOMPLETE
+from pcpcheck_spec.names import DCP, INCOMPLETE, Batch
 
 if TYPE_CHECKING:  # annotations only
     from pcpcheck.shared.case import Case
@@ -73,6 +73,7 @@ class TargetInfo:
     function_name: str
     protocol: str = ""  # `--async`: the protocol class the worker found ("" for none)
     async_order: tuple[str, ...] = ()  # the caller's steps it drives it through
+    streams: bool = False  # the gather's file uses the stream API: its streams are judged
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,11 +259,12 @@ def read_load(header: wire.Header) -> LoadRequest:
 
 def loaded_reply(*, name: str, stand_ins: Iterable[str], accepts_shard: bool, function_name: str,
                  release: dict[str, Any] | None = None, protocol: str = "",
-                 async_order: Sequence[str] = ()) -> wire.Header:
+                 async_order: Sequence[str] = (), streams: bool = False) -> wire.Header:
     """The target loaded, described in plain data (a release: `release`, ReleaseInfo's)."""
     reply: wire.Header = {"op": LOADED, "name": name, "stand_ins": list(stand_ins),
                           "accepts_shard": accepts_shard, "function_name": function_name,
-                          "protocol": protocol, "async_order": list(async_order)}
+                          "protocol": protocol, "async_order": list(async_order),
+                          "streams": streams}
     if release is not None:
         reply["release"] = release
     return reply
@@ -282,6 +284,7 @@ def target_info(source: str, function: str | None, header: wire.Header) -> Targe
     fields: dict[str, Any] = dict(source=source, function=function, name=str(header["name"]),
                                   protocol=str(header.get("protocol") or ""),
                                   async_order=tuple(map(str, header.get("async_order") or ())),
+                                  streams=bool(header.get("streams")),
                                   stand_ins=tuple(map(str, header["stand_ins"])),
                                   accepts_shard=bool(header["accepts_shard"]),
                                   function_name=str(header["function_name"]))
@@ -297,6 +300,14 @@ def _load_error(kind: Any) -> type[LoadError]:
 
 # --- cases ------------------------------------------------------------------------------------
 
+def captured(batch: Batch) -> bool:
+    """Whether the step's attention runs under a CUDA-graph capture, where an asynchronous
+    protocol must fall back: a graph-padded step of decodes alone, which a FULL graph captures
+    whole. A step with a prefill runs its attention and cache update eagerly between graph pieces
+    (piecewise or breakable capture), whatever its padding (docs/async.md)."""
+    return batch.graph_size > 0 and not any(request.prefilling for request in batch.requests)
+
+
 def case_request(prepared: PreparedCase | ReleaseStep, target: TargetInfo, ranks: Sequence[int]
                  ) -> wire.Message:
     """The case for the ranks a worker hosts: its inputs as bytes, nothing else (a release's
@@ -309,9 +320,10 @@ def case_request(prepared: PreparedCase | ReleaseStep, target: TargetInfo, ranks
               "size": prepared.size, "shard": prepared.shard,
               "tensors": [[str(spec.torch_dtype), list(spec.trailing)] for spec in prepared.case.tensors],
               "nds": [prepared.nds[rank] for rank in ranks]}
-    if target.protocol and prepared.shard:  # the protocol's per-rank counts; a graph's capture
+    if (target.protocol and prepared.shard) or target.streams:  # streams judged: the per-rank
+        # counts a protocol is given, and whether a graph is being captured
         header["counts"] = [[count, nd] for count, nd in zip(prepared.real_rows, prepared.nds)]
-        header["capturing"] = prepared.case.batch.graph_size > 0
+        header["capturing"] = captured(prepared.case.batch)
     blobs = [content for rank in ranks for content in prepared.input_bytes(rank)]
     return header, blobs
 

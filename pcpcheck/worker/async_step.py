@@ -7,7 +7,8 @@ The caller's steps, in `order` (spec.names.ASYNC_ORDER by default):
 - `start`: `protocol.start(tensors, slot_mapping, num_decode_tokens, tokens_per_rank,
   decode_tokens_per_rank, update_cache)`; where it answers False the caller takes the
   synchronous gather (the target's gather function, decodes sharded) and writes its output
-  through update_cache;
+  through update_cache. A target without a protocol (a gather whose file uses the stream API,
+  judged without `--async`) takes the gather there, and its trace carries no start's answer;
 - `attention`: the layer's attention reads the cache on the current stream (reader 0: the
   judge knows which slots);
 - `release`: the caller drops its inputs: each one the protocol does not still hold is
@@ -32,6 +33,7 @@ import torch
 from pcpcheck.worker import rankctx
 from pcpcheck.worker.cuda_model import StreamModel
 from pcpcheck_spec.names import (
+    ASYNC_ORDER,
     FLAG,
     HOST,
     INPUT,
@@ -108,10 +110,12 @@ def _construct(protocol_class: type, group):
     return protocol_class(group=group) if takes_group else protocol_class()
 
 
-def run_step(target, tensors, slot_mapping, num_decode_tokens: int, counts: list[list[int]],
-        capturing: bool, group) -> tuple[Any, list[tuple]]:
+def run_step(target, tensors, slot_mapping, num_decode_tokens: int, shard: bool,
+             counts: list[list[int]], capturing: bool, group) -> tuple[Any, list[tuple]]:
     """The step on this rank: (the concatenated writes, as a gather's return value; the stream
-    trace). `counts`: per rank, [real rows, decode rows]. Raises what the protocol raises."""
+    trace). `shard`: the gather's shard_decode_requests where no protocol runs (a protocol's
+    regime shards). `counts`: per rank, [real rows, decode rows]. Raises what the protocol
+    raises."""
     inputs = [*tensors, slot_mapping]
     model = StreamModel(inputs, capturing)
     written: list[tuple[list[torch.Tensor], torch.Tensor]] = []
@@ -139,12 +143,17 @@ def run_step(target, tensors, slot_mapping, num_decode_tokens: int, counts: list
     stream_group = StreamGroup(group, model)
     with model.bound(), rankctx.bound_group(stream_group):
         baseline = [_holders(tensor) for index, tensor in enumerate(inputs)]
-        protocol = _construct(target.protocol, stream_group)
+        protocol: Any = None if target.protocol is None else _construct(target.protocol,
+                                                                       stream_group)
         started = False
         held: list[int] = []
-        for step in target.async_order:
+        for step in target.async_order or ASYNC_ORDER:
             model.phase = step
-            if step == ORDER_START:
+            if step == ORDER_START and protocol is None:
+                model.phase = "gather"
+                update_cache(*target.call(tensors, slot_mapping, num_decode_tokens, shard,
+                                          group=stream_group))
+            elif step == ORDER_START:
                 answer = protocol.start(tuple(tensors), slot_mapping, num_decode_tokens,
                                         tokens_per_rank, decode_tokens_per_rank, update_cache)
                 if not isinstance(answer, bool):

@@ -57,7 +57,7 @@ class GatherHost:
             name=first.name, stand_ins=first.stand_ins, accepts_shard=first.accepts_shard,
             function_name=first.function_name,
             protocol=first.protocol.__name__ if first.protocol is not None else "",
-            async_order=first.async_order)
+            async_order=first.async_order, streams=first.uses_streams)
 
     def run(self, case: protocol.CaseRequest) -> tuple[list[dict], list]:
         if self.worker.adapter is None:
@@ -89,8 +89,10 @@ class GatherHost:
         return results, blobs
 
     def _asynchronous(self, case: protocol.CaseRequest) -> bool:
-        """The step runs the target's asynchronous protocol: it has one, and decodes are sharded."""
-        return self.copies[0].protocol is not None and case.shard
+        """The step's streams are judged (pcpcheck.worker.async_step): the target's asynchronous
+        protocol runs (decodes are sharded), or its gather's file uses the stream API."""
+        first = self.copies[0]
+        return (first.protocol is not None and case.shard) or first.uses_streams
 
     def _judged(self, case: protocol.CaseRequest):
         """The step's stream trace judged: an asynchronous step's."""
@@ -106,7 +108,8 @@ class GatherHost:
             return copy.call(tensors, slots, nd, case.shard, group=group)
         from pcpcheck.worker import async_step
         value, streams[slot] = async_step.run_step(
-            copy, tensors, slots, nd, case.header["counts"], bool(case.header.get("capturing")), group)
+            copy, tensors, slots, nd, case.shard, case.header["counts"],
+            bool(case.header.get("capturing")), group)
         return value
 
     def _one_rank(self, case: protocol.CaseRequest) -> tuple[list[dict], list]:

@@ -70,6 +70,8 @@ class Target:
     # `--async`: the protocol class beside the gather (start/finish), and the caller's order
     protocol: type | None = None
     async_order: tuple[str, ...] = ()
+    # the gather's file uses torch.cuda's stream API: its sharded steps' streams are judged
+    uses_streams: bool = False
 
     def call(self, tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False, group=None):
         """Call the target with the parameters it accepts. With a group, it is also bound as the
@@ -192,6 +194,38 @@ def _pick_protocol(module: types.ModuleType, name: str, label: str) -> type:
     return module.__dict__[found[0]]
 
 
+# What code that orders work between CUDA streams names (torch.cuda's and Tensor's): a file
+# that names none of them runs its work on the main stream alone.
+STREAM_API = frozenset({"Stream", "Event", "stream", "set_stream", "wait_stream", "wait_event",
+                        "record_stream"})
+
+
+def uses_streams(function: Callable) -> bool:
+    """Whether the module defining `function` names the stream API anywhere in its functions
+    and classes (their code objects' names, nested code included)."""
+    name = getattr(function, "__module__", None)
+    pending = [function, *(value for value in getattr(function, "__globals__", {}).values()
+                           if getattr(value, "__module__", None) == name)]
+    seen: set[int] = set()
+    while pending:
+        value = pending.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, type):
+            pending.extend(vars(value).values())
+            continue
+        if isinstance(value, property):
+            pending.extend(accessor for accessor in (value.fget, value.fset) if accessor)
+            continue
+        code = getattr(getattr(value, "__func__", value), "__code__", value)
+        if isinstance(code, types.CodeType):
+            if STREAM_API.intersection(code.co_names):
+                return True
+            pending.extend(const for const in code.co_consts if isinstance(const, types.CodeType))
+    return False
+
+
 def make_target(module, function, label, source, space, name_prefix) -> Target:
     from pcpcheck.shared.protocol import split_function
     from pcpcheck_spec.names import ASYNC_ORDER
@@ -210,6 +244,7 @@ def make_target(module, function, label, source, space, name_prefix) -> Target:
         source=source,
         function_name=fn_name,
         shard_positional=shard_positional,
+        uses_streams=uses_streams(fn),
     )
 
 
