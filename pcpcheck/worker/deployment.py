@@ -4,12 +4,17 @@ rank (../shared/docs/pcp-semantics.md section 11). A worker process enters it at
 `--async`, a release's path), and a question the code asks about its world gets a deployment's
 answer, never the checker's machine's:
 
-- `PLATFORM`: `vllm.platforms.current_platform` as a CUDA deployment answers it (`is_cuda()`,
-  `device_type`, `dispatch_key`, ...). A question no CPU can answer faithfully (a device's
-  capability, its memory, its name) is an `Unmodelled` value: using it is refused by name, the
-  run stops with exit 2, as a stand-in's use does.
+- `vllm.platforms.current_platform`: in a tree, an instance of the tree's own CUDA platform class
+  (`tree_platform`: `vllm/platforms/cuda.py` run on CPU, made once per process and tree), so
+  its answers are the release's own; where that module cannot run here, and for a file alone,
+  `PLATFORM`, pcpcheck's table of what a CUDA deployment answers (`is_cuda()`, `device_type`,
+  `dispatch_key`, ...). A question no CPU can answer faithfully (a device's capability, its
+  memory, its name) is refused by name, the run stops with exit 2, as a stand-in's use does:
+  the class asks torch.cuda, refused below, or reads this machine's torch build
+  (`MACHINE_ANSWERS`); the model answers it with an `Unmodelled` value.
 - Devices: a tensor created on, or moved to, `"cuda"`, `"cuda:N"` or `torch.device("cuda")`
-  lives on the rank's device (CPU; the rank's GPU with `--device cuda`).
+  lives on the rank's device (CPU; the rank's GPU with `--device cuda`); on CPU, pinned host
+  memory is ordinary memory.
 - `torch.cuda`: the stream API is pcpcheck.worker.cuda_model's, with a stream model bound to every
   rank's call (`on_rank`); a profiling range or mark (`torch.cuda.nvtx`), `set_device`,
   `device(i)` and `empty_cache` move no value and are modelled as doing nothing; a device query
@@ -33,7 +38,14 @@ from typing import Any
 import torch
 
 from pcpcheck.worker import cuda_model
-from pcpcheck.worker.standins import Inert, StandInSpace, add_bindings, refuse, space_of
+from pcpcheck.worker.standins import (
+    Inert,
+    StandInModule,
+    StandInSpace,
+    add_bindings,
+    refuse,
+    space_of,
+)
 
 DEVICE_TYPE = "cuda"
 
@@ -82,6 +94,67 @@ class Platform:
 
 PLATFORM = Platform()
 
+PLATFORM_MODULE = "vllm.platforms.cuda"
+# The class vLLM resolves where NVML finds no GPU (as here: vllm.third_party.pynvml's nvmlInit
+# fails and the module catches it), named rather than taken from the module's `CudaPlatform`:
+# on a machine with an NVIDIA driver that is NvmlCudaPlatform, which would answer a device
+# question from the checker's GPU through NVML. This one asks torch.cuda: the deployment's
+# (refused on CPU), the rank's GPU with --device cuda. A release without it: `CudaPlatform`.
+PLATFORM_CLASS = "NonNvmlCudaPlatform"
+# What the class answers from this machine's torch build (no CUDA in it: 0 devices, CUDA
+# runtime 0), never from a deployment: refused by name on the instance, on CPU.
+MACHINE_ANSWERS = ("device_count", "get_cuda_runtime_major")
+
+_tree_platforms: dict[tuple[str, str], tuple[Any, str]] = {}  # (kind, location) -> tree_platform
+
+
+def tree_platform(space: StandInSpace) -> tuple[Any, str]:
+    """`current_platform` for the space's tree and the line the load's `provided` records: the
+    tree's own platform (`PLATFORM_MODULE`.`PLATFORM_CLASS`), instantiated with no arguments as
+    vLLM does, else `PLATFORM` and why. Made once per process and tree (each rank's copy of a
+    file in a tree shares it, as a process shares vLLM's), from the first space to ask."""
+    assert space.tree is not None
+    key = (space.tree.kind, space.tree.location)
+    made = _tree_platforms.get(key)
+    if made is None:
+        made = _tree_platforms[key] = _own_platform(space)
+    return made
+
+
+def _own_platform(space: StandInSpace) -> tuple[Any, str]:
+    module = space.module(PLATFORM_MODULE)
+    if isinstance(module, StandInModule):
+        return PLATFORM, _model_because(space.why(PLATFORM_MODULE) or f"{PLATFORM_MODULE}: absent")
+    cls = next((value for value in (getattr(module, PLATFORM_CLASS, None),
+                                    getattr(module, "CudaPlatform", None))
+                if isinstance(value, type)), None)
+    if cls is None:
+        return PLATFORM, _model_because(f"{PLATFORM_MODULE} has no {PLATFORM_CLASS} class")
+    try:
+        platform = cls()
+    except Exception as exc:  # noqa: BLE001 - any failure: the model answers instead
+        text = " ".join(str(exc).split())[:200]
+        return PLATFORM, _model_because(f"{cls.__name__}() fails here: {type(exc).__name__}: {text}")
+    line = f"{cls.__module__}.{cls.__qualname__}(), the tree's own, as vLLM makes it" + (
+        " where NVML finds no GPU" if cls.__name__ == PLATFORM_CLASS else "")
+    if _device is None or _device.type != DEVICE_TYPE:
+        for name in MACHINE_ANSWERS:
+            setattr(platform, name, _refusing_answer(name))
+        line += f"; {', '.join(MACHINE_ANSWERS)} refused (this machine's torch answers them)"
+    return platform, line
+
+
+def _model_because(why: str) -> str:
+    return f"pcpcheck's model of a CUDA platform (working stand-in; {why})"
+
+
+def _refusing_answer(name: str) -> Callable:
+    def refused(*args, **kwargs):
+        refuse(f"vllm.platforms.current_platform.{name}() is not modelled (the class answers it "
+               f"from this machine's torch build, no CUDA deployment's)",
+               f"vllm.platforms.current_platform.{name}", "a call", sys._getframe(1))
+    return refused
+
 
 def _is_deployment_device(device: object) -> bool:
     if isinstance(device, torch.device):
@@ -102,7 +175,9 @@ TENSOR_FACTORIES = ("new_empty", "new_zeros", "new_ones", "new_full", "new_tenso
 
 def _devices_on(device: torch.device) -> contextlib.ExitStack:
     """FACTORIES, TENSOR_FACTORIES, `Tensor.to` and `Tensor.cuda` with a deployment device made
-    `device` (the rank's), for the returned stack's life."""
+    `device` (the rank's, a CPU), for the returned stack's life; pinned host memory, which a
+    CUDA platform offers (`is_pin_memory_available()`) and a CPU without an accelerator
+    refuses, is ordinary memory: pinning moves no value."""
     def on_rank(value: object) -> object:
         return device if _is_deployment_device(value) else value
 
@@ -111,6 +186,8 @@ def _devices_on(device: torch.device) -> contextlib.ExitStack:
         def with_device(*args, **kwargs):
             if "device" in kwargs:
                 kwargs["device"] = on_rank(kwargs["device"])
+            if kwargs.get("pin_memory"):
+                kwargs["pin_memory"] = False
             return func(*args, **kwargs)
         return with_device
 
@@ -130,7 +207,9 @@ def _devices_on(device: torch.device) -> contextlib.ExitStack:
     stack.enter_context(_patched(torch, {name: mapped(getattr(torch, name)) for name in FACTORIES}))
     stack.enter_context(_patched(torch.Tensor, {
         **{name: mapped(getattr(torch.Tensor, name)) for name in TENSOR_FACTORIES},
-        "to": to, "cuda": cuda}))
+        "to": to, "cuda": cuda,
+        # a copy, as pinning an unpinned tensor makes one
+        "pin_memory": lambda self, *args, **kwargs: self.clone()}))
     return stack
 
 
@@ -162,9 +241,30 @@ def _range(*args, **kwargs):
 
 def _refusing(name: str) -> Callable:
     def refused(*args, **kwargs):
-        refuse(f"torch.cuda.{name}() is not modelled ({UNMODELLED})", f"torch.cuda.{name}",
-               "a call", sys._getframe(1))
+        asker, called = _asker(sys._getframe(1))
+        asked = f"{called}() asks torch.cuda.{name}(), which" if called else f"torch.cuda.{name}()"
+        refuse(f"{asked} is not modelled ({UNMODELLED})", f"torch.cuda.{name}", "a call", asker)
     return refused
+
+
+def _is_tree_platform(frame: types.FrameType) -> bool:
+    name = frame.f_globals.get("__name__") or ""
+    return space_of(frame) is not None and (name == "vllm.platforms"
+                                            or name.startswith("vllm.platforms."))
+
+
+def _asker(frame: types.FrameType) -> tuple[types.FrameType, str]:
+    """The code that asked, past the tree's platform modules' frames (a platform method that
+    asks torch.cuda is refused where its caller called it), and what it called there ("" when
+    it asked torch.cuda itself)."""
+    called = ""
+    while _is_tree_platform(frame) and frame.f_back is not None:
+        code = frame.f_code
+        method = "." in code.co_qualname and "<locals>" not in code.co_qualname
+        called = (f"vllm.platforms.current_platform.{code.co_name}" if method
+                  else f"{frame.f_globals['__name__']}.{code.co_name}")
+        frame = frame.f_back
+    return frame, called
 
 
 # Modelled as doing nothing: none of them moves a value.
@@ -176,8 +276,8 @@ NVTX = {"range_push": lambda *args, **kwargs: 0, "range_pop": lambda *args, **kw
 # one whose asynchronous protocol must fall back).
 REFUSED = ("get_device_capability", "get_device_properties", "get_device_name", "mem_get_info",
            "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-           "memory_stats", "utilization", "get_arch_list", "get_rng_state", "set_rng_state",
-           "CUDAGraph", "graph")
+           "memory_stats", "reset_peak_memory_stats", "utilization", "get_arch_list",
+           "get_rng_state", "set_rng_state", "CUDAGraph", "graph", "graph_pool_handle")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,8 +347,10 @@ def custom_op(name: str, fn: Callable | None = None, /, *, mutates_args=(), devi
 
 
 def furnish(space: StandInSpace) -> None:
-    """A tree's space answers as the deployment, whatever its own modules find on this machine."""
-    space.provide("vllm.platforms", "current_platform", PLATFORM)
+    """A tree's space answers as the deployment, whatever its own modules find on this machine:
+    its platform the tree's own CUDA platform (`tree_platform`), made once `vllm.platforms` is
+    (after everything else the load provides is in place)."""
+    space.provide_made("vllm.platforms", "current_platform", tree_platform)
     space.provide("vllm.utils.torch_utils", "direct_register_custom_op", direct_register_custom_op)
 
 
@@ -284,6 +386,7 @@ def _stream_api() -> contextlib.ExitStack:
 
 
 _entered: contextlib.ExitStack | None = None
+_device: torch.device | None = None  # the rank device the deployment was entered on
 
 
 def enter(device: torch.device) -> None:
@@ -292,9 +395,10 @@ def enter(device: torch.device) -> None:
     it, which asks torch.cuda nothing), so a case pays no set-up. On a real GPU (`--device
     cuda`) torch.cuda and its devices are the GPU's own; the streams are modelled where a step
     is judged (`judged`)."""
-    global _entered
+    global _entered, _device
     if _entered is not None:
         return
+    _device = device
     import torch.cuda.nvtx as nvtx
     stack = contextlib.ExitStack()
     stack.enter_context(_patched(torch.library, {"custom_op": custom_op}))

@@ -24,7 +24,8 @@ stood in for only when it cannot run here: no file for it (a C extension), an im
 standard library and `RELEASE_DEPENDENCIES` (installed or not, so a verdict does not depend on the
 machine), or any failure while it executes. `stood_in` names each such module with the reason.
 Names pcpcheck provides (`provide`: triton in interpreter mode, the platform's CPU answers) replace
-the module's own after it runs; `fallback` names serve only where their module is a stand-in.
+the module's own after it runs (`provide_made`: a value made then, from the tree's own modules:
+the deployment's platform); `fallback` names serve only where their module is a stand-in.
 
 An inert is never a silent answer: used as a truth value, a container, a number or in a
 comparison it raises `StandInError` naming the file, line and name, and records it for the
@@ -352,6 +353,7 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.stood_in: dict[str, str] = {}  # module -> why it is a stand-in (with a tree)
         self.executed: list[str] = []  # modules run from the tree, in the order they ran
         self._overrides: dict[str, dict[str, Any]] = {}
+        self._made: dict[str, dict[str, Callable[[StandInSpace], tuple[Any, str]]]] = {}
         self._fallbacks: dict[str, dict[str, Any]] = {}
         self._lock = threading.RLock()
 
@@ -363,6 +365,16 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             if module in self.modules:
                 setattr(self.modules[module], name, value)
             self.provided.append(f"{module}.{name} (working stand-in)")
+
+    def provide_made(self, module: str, name: str,
+                     make: Callable[[StandInSpace], tuple[Any, str]]) -> None:
+        """As `provide`, with the value made when `module` is: `make(space)` gives it and the
+        line `provided` records. Made then, every name the load provides is in place, so the
+        value may come from the tree's own modules."""
+        with self._lock:
+            self._made.setdefault(module, {})[name] = make
+            if module in self.modules:
+                self._override(self.modules[module])
 
     def fallback(self, module: str, name: str, value: Any) -> None:
         """Bind `module.name` to `value` only if `module` is a stand-in (it cannot run here, or
@@ -419,14 +431,18 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         for key, value in self._fallbacks.get(name, {}).items():
             setattr(module, key, value)
             self.provided.append(f"{name}.{key} (working stand-in{why})")
+        self.modules[name] = module  # first: a made value may import the module's children
         self._override(module)
-        self.modules[name] = module
         return module
 
     def _override(self, module: types.ModuleType) -> None:
         """The names pcpcheck provides for `module`, in place of its own."""
         for key, value in self._overrides.get(module.__name__, {}).items():
             setattr(module, key, value)
+        for key, make in self._made.get(module.__name__, {}).items():
+            value, line = make(self)
+            setattr(module, key, value)
+            self.provided.append(f"{module.__name__}.{key}: {line}")
 
     def _from_tree(self, name: str) -> types.ModuleType | None:
         """`name` executed from the tree, or None (and the reason in `stood_in`)."""
