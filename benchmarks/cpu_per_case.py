@@ -43,20 +43,26 @@ def import_path(tree: Path, links: Path) -> str:
     return str(links)
 
 
-def run(tree: Path, path: str, max_ranks: int) -> tuple[float, float, int]:
-    """(CPU seconds, wall seconds, cases) of one default run from `tree`."""
+def measure(tree: Path, path: str, argv: list[str]) -> tuple[float, float, int]:
+    """(CPU seconds, wall seconds, cases) of one run of `pcpcheck ARGV` from `tree`, in a fresh
+    process tree (its CPU: the command and every process under it, reaped)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "pcpcheck", "check", "impl",
-                           "--max-ranks", str(max_ranks)], cwd=tree, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": path})
+    done = subprocess.run([sys.executable, "-m", "pcpcheck", *argv], cwd=tree,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
     wall = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     found = re.search(r"all regimes:\s+(\d+) cases", done.stdout)
     if done.returncode != 0 or found is None:
-        sys.exit(f"{tree}: exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        sys.exit(f"{tree} {argv}: exit {done.returncode}\n{done.stdout[-2000:]}"
+                 f"{done.stderr[-2000:]}")
     return cpu, wall, int(found.group(1))
+
+
+def run(tree: Path, path: str, max_ranks: int) -> tuple[float, float, int]:
+    """(CPU seconds, wall seconds, cases) of one default run from `tree`."""
+    return measure(tree, path, ["check", "impl", "--max-ranks", str(max_ranks)])
 
 
 def floor(max_ranks: int) -> tuple[float, float, float]:

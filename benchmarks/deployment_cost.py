@@ -12,17 +12,13 @@ packages are imported from the tree itself (benchmarks/cpu_per_case.py import_pa
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmark folder is no package
-from cpu_per_case import HERE, import_path
+from cpu_per_case import HERE, import_path, measure
 
 COMMANDS = {
     "check impl (4 regimes x 3,000 cases, P <= 4)": ["check", "impl", "--max-ranks", "4"],
@@ -33,15 +29,8 @@ COMMANDS = {
 
 def run(tree: Path, path: str, argv: list[str]) -> float:
     """ms CPU per case of one run of `pcpcheck ARGV` from `tree`."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run([sys.executable, "-m", "pcpcheck", *argv], cwd=tree,
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    found = re.search(r"all regimes:\s+(\d+) cases", done.stdout)
-    if done.returncode != 0 or found is None:
-        sys.exit(f"{tree} {argv}: exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return 1000 * cpu / int(found.group(1))
+    cpu, _wall, cases = measure(tree, path, argv)
+    return 1000 * cpu / cases
 
 
 def main() -> None:

@@ -63,7 +63,8 @@ def test_correct_fixture_release_holds_and_names_its_files():
     assert all(len(digest) == 64 for digest in files.values())
     assert any(line.startswith("vllm.config.CUDAGraphMode (working stand-in; vllm.config: ")
                for line in release.adapted), release.adapted
-    assert any(line.startswith("the process groups are pcpcheck's (the harness): ")
+    # the fixture tree has no process-group module: the harness's get_pcp_group serves
+    assert any(line.startswith("no Python file for it in this tree")
                and "vllm.distributed.parallel_state" in line for line in result.stand_ins)
     assert all(r.cases == EXAMPLES for r in result.regimes)
     assert (release.layout_model, release.capabilities["wrapper_shard_keyword"]) == (

@@ -51,6 +51,22 @@ def drifted(wheel, root, *changes, added=()):
     for relpath, text in added:
         (root / relpath).write_text(text)
     return root
+# A switch a pull request adds to the process groups' module, off by default (read from a
+# setting it adds to vllm/envs.py): the gather asks it, and takes the path it had when off.
+PARALLEL_STATE = "vllm/distributed/parallel_state.py"
+SWITCH_SETTING = ("vllm/envs.py",
+                  "    # If set, enable multiprocessing in LLM for the V1 code path.\n",
+                  "    \"VLLM_PCP_GATHER_ON_GROUP\": lambda: bool(\n"
+                  "        int(os.getenv(\"VLLM_PCP_GATHER_ON_GROUP\", \"0\"))\n    ),\n"
+                  "    # If set, enable multiprocessing in LLM for the V1 code path.\n")
+SWITCH = (PARALLEL_STATE, "def get_pcp_group() -> GroupCoordinator:\n",
+          "def pcp_gather_on_group() -> bool:\n"
+          "    return envs.VLLM_PCP_GATHER_ON_GROUP and _PCP is not None\n\n\n"
+          "def get_pcp_group() -> GroupCoordinator:\n")
+SWITCH_READ = (GATHERS[0], GATHER_BODY,
+               "    from vllm.distributed.parallel_state import pcp_gather_on_group\n"
+               "    if pcp_gather_on_group():\n"
+               "        raise NotImplementedError('the group-side gather')\n" + GATHER_BODY)
 
 
 def _verdicts(root, regimes=(REPLICATED,)):
@@ -72,6 +88,13 @@ def test_a_helper_moved_into_a_new_module_holds(wheel, tmp_path):
 def test_a_table_moved_into_a_new_module_holds(wheel, tmp_path):
     root = drifted(wheel, tmp_path / "table", TABLE_MOVED, TABLE_IMPORT, added=[TABLE_MODULE])
     assert _verdicts(root) == {REPLICATED: "holds"}
+
+
+def test_a_switch_added_to_parallel_state_holds(wheel, tmp_path):
+    """The tree's own vllm/distributed/parallel_state.py runs (only its groups are the ranks'):
+    a switch added there answers as the release's code does (it was a stand-in: exit 2)."""
+    root = drifted(wheel, tmp_path / "switch", SWITCH_SETTING, SWITCH, SWITCH_READ)
+    assert _verdicts(root, (REPLICATED, SHARDED)) == {REPLICATED: "holds", SHARDED: "holds"}
 
 
 def test_an_internal_renamed_without_its_callers_exits_2_naming_it(wheel, tmp_path):

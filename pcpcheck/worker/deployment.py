@@ -239,6 +239,12 @@ def _range(*args, **kwargs):
     yield
 
 
+def _refusing_class(name: str) -> type:
+    """A refused torch.cuda class (CUDAGraph, graph): still a type, so an annotation such as
+    `torch.cuda.CUDAGraph | None` evaluates; making one is refused."""
+    return type(name, (), {"__init__": _refusing(name), "__module__": "torch.cuda"})
+
+
 def _refusing(name: str) -> Callable:
     def refused(*args, **kwargs):
         asker, called = _asker(sys._getframe(1))
@@ -304,7 +310,7 @@ class ModelledOp:
             return args[-1]
         return lambda func: func
 
-    register_kernel = register_autograd = register_fake
+    register_kernel = register_autograd = register_vmap = register_torch_dispatch = register_fake
 
     def __call__(self, *args, **kwargs):
         func = self.by_space.get(id(space_of(sys._getframe(1)) or 0), self.last)
@@ -403,7 +409,8 @@ def enter(device: torch.device) -> None:
     stack = contextlib.ExitStack()
     stack.enter_context(_patched(torch.library, {"custom_op": custom_op}))
     if device.type != DEVICE_TYPE:
-        refused = {name: _refusing(name) for name in REFUSED}
+        refused = {name: _refusing_class(name) if name[0].isupper() or name == "graph"
+                   else _refusing(name) for name in REFUSED}
         stack.enter_context(_patched(torch.cuda, {**NO_OPS, **refused}))
         stack.enter_context(_patched(nvtx, NVTX))
         stack.enter_context(_stream_api())

@@ -26,6 +26,8 @@ machine), or any failure while it executes. `stood_in` names each such module wi
 Names pcpcheck provides (`provide`: triton in interpreter mode, the platform's CPU answers) replace
 the module's own after it runs (`provide_made`: a value made then, from the tree's own modules:
 the deployment's platform); `fallback` names serve only where their module is a stand-in.
+The tree's own `vllm.distributed.parallel_state` runs too: only its group globals are
+pcpcheck's (`rankctx.RankGroup`, the calling rank's group of each kind).
 
 An inert is never a silent answer: used as a truth value, a container, a number or in a
 comparison it raises `StandInError` naming the file, line and name, and records it for the
@@ -108,10 +110,8 @@ def take_refused() -> str | None:
     return first
 
 
-# Packages that are pcpcheck's harness, never the tree's, with every module under them: the
-# ranks' groups are pcpcheck's (the names the gather uses are _BINDINGS), and nothing else in
-# them (communicators, KV connectors) is on the KV write path.
-HARNESS = {"vllm.distributed": "the process groups are pcpcheck's (the harness)"}
+# The tree's own process-group module runs; only its groups are pcpcheck's (the calling rank's).
+PARALLEL_STATE = "vllm.distributed.parallel_state"
 
 
 class StandInError(TypeError):
@@ -128,31 +128,6 @@ class NotADependency(ModuleNotFoundError):
 
 def is_standin_name(name: str) -> bool:
     return name == STANDIN_ROOT or name.startswith(STANDIN_ROOT + ".")
-
-
-class _SoloGroup:
-    """A one-rank group (tensor parallelism is 1 in pcpcheck)."""
-
-    world_size = 1
-    rank_in_group = 0
-    rank = 0
-    ranks = (0,)
-    local_rank = 0
-
-    def all_gather(self, tensor, dim=0):
-        return tensor
-
-    def all_reduce(self, tensor):
-        return tensor
-
-    def broadcast(self, tensor, src=0):
-        return tensor
-
-    def barrier(self):
-        return None
-
-
-_SOLO = _SoloGroup()
 
 
 def _cdiv(a, b):
@@ -174,7 +149,7 @@ _BINDINGS: dict[str, Any] = {
     "cdiv": _cdiv,
     "round_up": _round_up,
     "round_down": _round_down,
-    "get_tp_group": lambda: _SOLO,
+    "get_tp_group": lambda: rankctx.SOLO,
     "get_tensor_model_parallel_world_size": lambda: 1,
     "get_tensor_model_parallel_rank": lambda: 0,
 }
@@ -356,6 +331,9 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self._made: dict[str, dict[str, Callable[[StandInSpace], tuple[Any, str]]]] = {}
         self._fallbacks: dict[str, dict[str, Any]] = {}
         self._lock = threading.RLock()
+        if tree is not None:  # its parallel_state runs; the groups it hands out are the rank's
+            self._overrides[PARALLEL_STATE] = {name: rankctx.RankGroup(name)
+                                               for name in rankctx.GROUP_KINDS}
 
     def provide(self, module: str, name: str, value: Any) -> None:
         """Bind `module.name` to `value` (the harness, a working adaptation), in place of the
@@ -447,11 +425,6 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def _from_tree(self, name: str) -> types.ModuleType | None:
         """`name` executed from the tree, or None (and the reason in `stood_in`)."""
         assert self.tree is not None
-        harness = next((why for package, why in HARNESS.items()
-                        if name == package or name.startswith(package + ".")), None)
-        if harness is not None:
-            self.stood_in[name] = harness
-            return None
         found = self.tree.module_file(name)
         if found is None:
             self.stood_in[name] = "no Python file for it in this tree (a C extension, or absent)"
@@ -500,6 +473,9 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                     sys.modules[name] = previous
             self._override(module)
             self.executed.append(name)
+            if name == PARALLEL_STATE:
+                self.provided.append(f"{name}: the tree's own, its groups "
+                                     f"({', '.join(rankctx.GROUP_KINDS)}) the calling rank's")
         return module
 
     # meta path finder / loader (active only while a load executes)
