@@ -10,7 +10,8 @@ transport (tests/test_layers.py): what it sends back is plain data (pcpcheck.sha
 - rankctx.py: which group the calling rank belongs to;
 - loader.py, standins.py: a target loaded without vLLM installed;
 - release_code.py (a release's PCP path loaded, its capabilities, its manager laid out),
-  release_step.py (one rank's step), release_kernels.py (its block tables and slot kernel under
+  release_step.py (one rank's step), release_batch.py (its partition_batch: a rank's local
+  batch), release_kernels.py (its block tables and slot kernel under
   triton's interpreter), release_excerpts.py (single functions cut from modules too big to load),
   release_paths.py (the path table: which stage ran the release's own code).
 """

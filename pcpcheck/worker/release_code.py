@@ -8,12 +8,14 @@ are stood in for, with the reason, where they cannot; `FALLBACKS` serve names th
 use only where their module is a stand-in, `PLATFORM` and `CPU_TORCH` are what the platform and
 torch answer on CPU. Capabilities come from the release's code: its constructor's parameters,
 its `_build_batch_layout` signature, its `validate_config` run on a synthetic config (with the
-release's own speculator config), its gather's and wrappers' signatures. An internal pcpcheck
-needs that the release lacks is `InterfaceDrift`: one line naming it (exit 2).
+release's own speculator config), its gather's and wrappers' signatures; how its
+partition_batch is fed, where it runs (`Release.partition`: pcpcheck.worker.release_batch). An
+internal pcpcheck needs that the release lacks is `InterfaceDrift`: one line naming it (exit 2).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import inspect
@@ -33,6 +35,15 @@ from pcpcheck.shared.source import GATHERS, MANAGER, Source, from_spec, resolve
 from pcpcheck.shared.step_inputs import dummy_tokens, global_maps, positions, step_arrays
 from pcpcheck.worker import deployment
 from pcpcheck.worker.loader import Target, exec_release_file, make_target
+from pcpcheck.worker.release_batch import (
+    LocalBatch,
+    PartitionPath,
+    StandInInputBatch,
+    StandInInputBuffers,
+    from_segments,
+    partition,
+    partition_path,
+)
 from pcpcheck.worker.release_excerpts import (
     BACKEND_UTILS,
     MODEL_RUNNER,
@@ -41,7 +52,6 @@ from pcpcheck.worker.release_excerpts import (
     check_sort,
     interleave_rule,
     load_function,
-    rank_num_decode_tokens,
 )
 from pcpcheck.worker.release_kernels import (
     BlockTablesPath,
@@ -99,7 +109,7 @@ def _host_to_device(data, *args, device=None, dtype=None, out=None, **kwargs):
 
 def _annotated(name: str) -> type:
     """A real class for a type the manager file annotates with (annotations are evaluated);
-    constructed with any arguments (the manager builds InputBuffers when given its sizes)."""
+    constructed with any arguments."""
     return type(name, (), {"__module__": "pcpcheck.vllm.standin",
                            "__init__": lambda self, *args, **kwargs: None})
 
@@ -113,8 +123,8 @@ FALLBACKS: dict[str, dict[str, object]] = {
     "vllm.utils.torch_utils": {"async_tensor_h2d": _host_to_device},
     "vllm.v1.worker.gpu.buffer_utils": {"async_copy_to_gpu": _host_to_device},
     "vllm.v1.worker.gpu.block_table": {"BlockTables": _annotated("BlockTables")},
-    "vllm.v1.worker.gpu.input_batch": {"InputBatch": _annotated("InputBatch"),
-                                       "InputBuffers": _annotated("InputBuffers")},
+    "vllm.v1.worker.gpu.input_batch": {"InputBatch": StandInInputBatch,
+                                       "InputBuffers": StandInInputBuffers},
     "vllm.v1.worker.gpu.states": {"RequestState": _annotated("RequestState")},
 }
 # What the platform answers on CPU, whatever the release's module says: no pinned memory
@@ -141,6 +151,8 @@ class Release:
     kernels: BlockTablesPath  # the release's BlockTables, or why slot maps stay modeled
     sort: object = None  # the release's sort_batch_req_ids, or None (the order stays 0.33's key)
     split: object = None  # its split_decodes_and_prefills, or None (nd: the leading decode rows)
+    # how its partition_batch builds each rank's local batch, or why it is not run
+    partition: PartitionPath = dataclasses.field(default_factory=PartitionPath)
     paths: list[dict] | None = None  # the path table (path_table): which stage runs the release's code
 
     @property
@@ -326,6 +338,10 @@ def load_release(source: Source | str) -> Release:
     if not caps.graph_padding:
         adapted.append("_build_batch_layout has no padded_num_tokens: no graph padding drawn")
     kernels = _check_block_tables(kernels, manager, adapted)
+    local_batches = partition_path(manager_module, manager)
+    adapted.append(local_batches.note if local_batches.real else
+                   f"PCPManager.partition_batch not run: {local_batches.reason}; each rank's "
+                   "gather gets the rows its layout's segments give, the split their boundaries")
     if kernels.real and "dcp_sharded" in _params(kernels.block_tables.__init__):
         caps.replicated_kv_group = True
         adapted.append("BlockTables(dcp_sharded=[True, False]): the second KV group replicated "
@@ -345,11 +361,11 @@ def load_release(source: Source | str) -> Release:
     split, unsplit = load_function(source, BACKEND_UTILS, SPLIT)
     release = Release(source=source, manager=manager, gather_module=gather_module, gather=gather,
                       caps=caps, stand_ins=space.stood_in_by_reason(), adapted=adapted,
-                      kernels=kernels,
-                      sort=sort, split=split)
+                      kernels=kernels, sort=sort, split=split, partition=local_batches)
     _probe(release)
     release.paths = path_table(source, gather_path, kernels.reason if not kernels.real else "",
-                               bool(wrappers), unsorted, unsplit, caps.dummy_requests)
+                               bool(wrappers), unsorted, unsplit, caps.dummy_requests,
+                               local_batches.reason)
     return release
 
 
@@ -365,8 +381,9 @@ def _check_block_tables(kernels: BlockTablesPath, manager, adapted: list[str]) -
                else "its PCPManager has no prepare_slot_mappings")
         return BlockTablesPath(reason=f"{why}: the block tables cannot feed it")
     adapted += kernels.adapted
-    adapted.append("PCPManager.partition_batch not run: prepare_slot_mappings reads the global "
-                   "batch's idx_mapping, query_start_loc, positions and num_tokens as given")
+    adapted.append("prepare_slot_mappings reads the global batch's idx_mapping, "
+                   "query_start_loc, positions and num_tokens as pcpcheck gives them (a dummy "
+                   "request after the real ones where the step has graph padding)")
     return kernels
 
 
@@ -385,17 +402,6 @@ def _probe(release: Release) -> None:
 # ---------------------------------------------------------------------------------------------
 # The release's manager laid out on CPU (a rank's view of a step)
 
-def _leading_decodes(rows_of_requests: list[tuple[int, int]], prefilling) -> int:
-    """nd: tokens of the leading rows whose request is a decode (the kernel's split under PCP
-    counts short extends as prefills; sem section 9)."""
-    total = 0
-    for request, length in rows_of_requests:
-        if prefilling[request]:
-            break
-        total += length
-    return total
-
-
 def kernel_step(release, batch: Batch) -> bool:
     """Whether this step's slot maps come from the release's own kernels."""
     dummies = 1 if dummy_tokens(batch, release.caps) else 0
@@ -406,47 +412,48 @@ def make_manager(release, batch: Batch, rank: int):
     """Rank `rank`'s PCPManager for the step's regime, on CPU, with the release's own block
     tables for the step where they run (kernel_step)."""
     dcp_size, dcp_rank = reference.dcp_size(batch), rank if batch.regime == DCP else 0
-    kwargs = dict(pcp_world_size=batch.pcp_size, pcp_rank=rank, device=torch.device("cpu"),
-                  dcp_world_size=dcp_size, dcp_rank=dcp_rank)
+    kwargs: dict[str, Any] = dict(pcp_world_size=batch.pcp_size, pcp_rank=rank,
+                                  device=torch.device("cpu"), dcp_world_size=dcp_size,
+                                  dcp_rank=dcp_rank)
     if "cp_interleave" in release.manager_params:
         kwargs["cp_interleave"] = batch.interleave
     if release.caps.manager_shards:
         kwargs["shard_decode_requests"] = batch.regime == SHARDED
-    if kernel_step(release, batch):
-        dummies = dummy_tokens(batch, release.caps)
+    kernels = kernel_step(release, batch)
+    if kernels or release.partition.real:  # sizes its input buffers and slot-map buffers
+        dummies = dummy_tokens(batch, release.caps) if kernels else 0
         max_tokens = max(sum(r.num_tokens for r in batch.requests) + dummies, batch.graph_size, 1)
         kwargs.update(max_num_reqs=max(len(batch.requests) + bool(dummies), 1),
-                      max_num_tokens=max_tokens,
-                      block_tables=release.kernels.for_step(
-                          batch, dcp_size, dcp_rank, max_tokens, release.caps.replicated_kv_group))
+                      max_num_tokens=max_tokens)
+        if kernels:
+            kwargs["block_tables"] = release.kernels.for_step(
+                batch, dcp_size, dcp_rank, max_tokens, release.caps.replicated_kv_group)
     return release.manager(**kwargs)
 
 
-def manager_view(release, batch: Batch, rank: int) -> tuple[dict, list[int] | None]:
-    """What rank `rank`'s own manager lays out (every rank's rows, as this rank sees them; its
-    `num_decode_tokens` are the layout's leading decode rows, which LAYOUT compares), and each
-    rank's num_decode_tokens from the release's own split (None where it has none)."""
+def manager_view(release, batch: Batch, rank: int) -> tuple[dict, LocalBatch]:
+    """What rank `rank`'s own manager lays out (every rank's rows, as this rank sees them; their
+    `num_decode_tokens` the layout's leading decode rows, which LAYOUT compares), and the rank's
+    local batch: the one its partition_batch builds where the release's runs
+    (`release.partition`), else the one its layout's segments give."""
     manager = make_manager(release, batch, rank)
     q, computed, prefilling, starts = step_arrays(batch)
-    kwargs = {}
-    if batch.graph_size and release.caps.graph_padding:
-        kwargs["padded_num_tokens"] = batch.graph_size
-    segments_by_rank, _ = manager._build_batch_layout(q, computed, prefilling, starts, **kwargs)
-    rows, nds, split_nds = [], [], []
-    for segments in segments_by_rank:
-        ordered = sorted(segments, key=lambda s: s.rank_local_batch_slice.start)
-        rows.append([t for s in ordered
-                     for t in range(s.global_batch_slice.start, s.global_batch_slice.stop)])
-        nds.append(_leading_decodes([(s.global_batch_req_idx, s.num_tokens) for s in ordered],
-                                    prefilling))
-        if release.split is not None:  # the attention builder's nd, which the gather is given
-            split_nds.append(rank_num_decode_tokens(release.split, [
-                (s.num_tokens, bool(prefilling[s.global_batch_req_idx])) for s in ordered]))
+    padded = batch.graph_size if batch.graph_size and release.caps.graph_padding else None
+    local = None
+    if release.partition.real:
+        segments_by_rank, local = partition(release.partition, manager, batch, rank, padded)
+    else:
+        kwargs = {} if padded is None else {"padded_num_tokens": padded}
+        segments_by_rank, _ = manager._build_batch_layout(q, computed, prefilling, starts,
+                                                          **kwargs)
     gidx = _plain(manager._padded_gather_idx)
+    width = len(gidx) // batch.pcp_size
+    laid_out = [from_segments(segments, prefilling, r, width)
+                for r, segments in enumerate(segments_by_rank)]
     view = {
-        "rows": rows,
-        "num_decode_tokens": nds,
-        "width": len(gidx) // batch.pcp_size,
+        "rows": [each.rows for each in laid_out],
+        "num_decode_tokens": [each.leading_decodes() for each in laid_out],
+        "width": width,
         "gidx": gidx,
         "wmask": [bool(v) for v in _plain(manager._gathered_kv_write_mask)],
         "restore": _plain(manager._hidden_restore_idx),
@@ -474,7 +481,7 @@ def manager_view(release, batch: Batch, rank: int) -> tuple[dict, list[int] | No
                                             release.caps.replicated_kv_group))
         expanded = manager._convert_to_gathered_slot_mappings(maps)
     view["expanded"] = [[int(v) for v in row] for row in _plain(expanded)]
-    return view, split_nds or None
+    return view, local if local is not None else laid_out[rank]
 
 
 def _plain(value) -> list:

@@ -10,10 +10,11 @@ stage then stays modeled and the path table says why.
   (vllm/v1/worker/gpu/model_runner.py) gives, fed as the model runner feeds it, by parameter
   name: each request's scheduled tokens, a decode's tokens past its first as its draft tokens
   (0.29 on), and a decode query length of 1.
-- `rank_num_decode_tokens(split, segments)`: `num_decode_tokens` of a rank's local batch from
-  `split_decodes_and_prefills` (vllm/v1/attention/backends/utils.py), called as the MLA metadata
-  builder calls it under PCP with its class defaults: `decode_threshold` its
-  `reorder_batch_threshold` (1), `require_uniform` (its query-length support is not VARLEN) and
+- `rank_num_decode_tokens(split, query_start_loc, is_prefilling, ...)`: `num_decode_tokens` of
+  a rank's local batch (pcpcheck.worker.release_batch) from `split_decodes_and_prefills`
+  (vllm/v1/attention/backends/utils.py), called as the MLA metadata builder calls it under PCP
+  with its class defaults: `decode_threshold` its `reorder_batch_threshold` (1),
+  `require_uniform` (its query-length support is not VARLEN) and
   `treat_short_extends_as_decodes=not use_pcp` (False).
 - `interleave_rule(source)`: the interleave sizes (`cp_kv_cache_interleave_size`) the release
   accepts, read from its config: its default (vllm/config/parallel.py) and whether
@@ -127,18 +128,19 @@ def step_order(sort, batch: Batch) -> list[int]:
     return [ids.index(rid) for rid in ordered]
 
 
-def rank_num_decode_tokens(split, segments: list[tuple[int, bool]]) -> int:
-    """nd of a rank's local batch: `segments` are its local requests in row order, (query
-    length, prefilling). A rank with no rows has no attention metadata: 0."""
-    if not segments:
+def rank_num_decode_tokens(split, query_start_loc: list[int], is_prefilling: list[bool],
+                           num_tokens: int, max_query_len: int) -> int:
+    """nd of a rank's local batch, read as the attention metadata is built from it (0.34's
+    model_states/default.py `prepare_attn`, eager: unpadded sizes): its request boundaries
+    (num_reqs + 1), prefilling flags, real token count and longest query. A rank with no
+    requests has no attention metadata: 0."""
+    if len(query_start_loc) < 2:
         return 0
-    lengths = torch.tensor([q for q, _ in segments], dtype=torch.int32)
-    starts = torch.zeros(len(segments) + 1, dtype=torch.int32)
-    starts[1:] = torch.cumsum(lengths, 0)
     metadata = SimpleNamespace(
-        max_query_len=int(lengths.max()), num_reqs=len(segments),
-        num_actual_tokens=int(starts[-1]), query_start_loc_cpu=starts,
-        is_prefilling=torch.tensor([p for _, p in segments], dtype=torch.bool))
+        max_query_len=max_query_len, num_reqs=len(query_start_loc) - 1,
+        num_actual_tokens=num_tokens,
+        query_start_loc_cpu=torch.tensor(query_start_loc, dtype=torch.int32),
+        is_prefilling=torch.tensor(is_prefilling, dtype=torch.bool))
     return int(split(metadata, **SPLIT_FLAGS)[2])
 
 

@@ -16,12 +16,13 @@ from pcpcheck.shared.protocol import (
 )
 from pcpcheck.shared.protocol import SPLIT as SPLIT_STAGE
 from pcpcheck.shared.source import MANAGER
+from pcpcheck.worker.release_batch import PARTITION
 from pcpcheck.worker.release_excerpts import BACKEND_UTILS, MODEL_RUNNER, SORT, SPLIT, SPLIT_FLAGS
 from pcpcheck.worker.release_kernels import BLOCK_TABLE, KERNEL_PROGRAMS, KERNEL_REQUESTS
 
 
 def path_table(source, gather_path: str, unkerneled: str, has_wrappers: bool, unsorted: str,
-               unsplit: str, dummies: bool = False) -> list[dict]:
+               unsplit: str, dummies: bool = False, unpartitioned: str = "") -> list[dict]:
     """Per stage: `real` (the release's file and its sha256 run it; `reason` says where it does
     not reach) or `modeled` (pcpcheck's restatement; `reason` says why). The `un...` arguments
     say why a stage is not the release's ("" where it is)."""
@@ -45,7 +46,11 @@ def path_table(source, gather_path: str, unkerneled: str, has_wrappers: bool, un
                                                   "(pcpcheck.search.release_search.release_order)"),
         real(SLOT_MAPPING, BLOCK_TABLE, kernel_scope) if not unkerneled else modeled(
             SLOT_MAPPING, f"{unkerneled}: the reference formula (semantics section 3)"),
-        real(MANAGER_STAGE, MANAGER, expanded_only),
+        real(MANAGER_STAGE, MANAGER, (
+            f"{PARTITION} builds each rank's local batch (the gather's rows; the split's "
+            f"boundaries and prefilling flags) through its _build_batch_layout; {expanded_only}"
+            if not unpartitioned else f"_build_batch_layout alone ({PARTITION} not run: "
+                                      f"{unpartitioned}); {expanded_only}")),
         real(SPLIT_STAGE, BACKEND_UTILS, f"{SPLIT} alone, with the MLA builder's defaults "
                                          f"under PCP: {flags}; {expanded_only}")
         if not unsplit else modeled(SPLIT_STAGE, f"{unsplit}: the rank's leading decode rows"),

@@ -1,7 +1,9 @@
 """One rank's step of a vLLM release, in the worker (release code runs only here): the step in
 the release's own batch order (its sort_batch_req_ids, where it has one: `order`), its own
-PCPManager lays it out (with its own block tables and slot kernel where they run: `kernels`),
-then the release's gather runs through its MLA or indexer wrapper with real collectives.
+PCPManager lays it out (with its own block tables and slot kernel where they run: `kernels`)
+and, where the release's partition_batch runs, builds the rank's local batch: its rows are the
+gather's input rows, its boundaries feed the split (pcpcheck.worker.release_batch); then the
+release's gather runs through its MLA or indexer wrapper with real collectives.
 
 `rank_step(case_json, source_spec, rank)` runs in a worker process (pcpcheck.worker.main,
 release mode): plain data in (the case as JSON, the source as `Source.spec()`); it loads the
@@ -25,7 +27,7 @@ import numpy as np
 import torch
 
 import pcpcheck_reference as reference
-from pcpcheck.shared.case import Case, as_tensor, pad_label, row_content
+from pcpcheck.shared.case import Case, as_tensor, row_content
 from pcpcheck.worker.rankctx import current_group
 from pcpcheck.worker.release_code import (
     INDEXER_WRAPPER,
@@ -72,14 +74,14 @@ def rank_layout(case: Case, release: Release, rank: int) -> dict:
         return {"layout": None, "tokens": lay.tokens[rank].tolist(),
                 "slot_map": lay.slot_maps[rank].tolist(),
                 "nd": int(lay.num_decode_tokens[rank]), "shard": False}
-    view, split_nds = manager_view(release, batch, rank)
-    width, rows = view["width"], view["rows"][rank]
-    if len(rows) > width:
-        raise ValueError(f"rank {rank} holds {len(rows)} rows, more than the width {width}")
-    tokens = rows + [pad_label(rank, j, width) for j in range(len(rows), width)]
-    return {"layout": view, "tokens": tokens, "slot_map": view["expanded"][0],
-            "nd": (split_nds or view["num_decode_tokens"])[rank],
-            "shard": batch.regime == SHARDED, "split": split_nds is not None}
+    view, local = manager_view(release, batch, rank)
+    if local.num_tokens > view["width"]:
+        raise ValueError(f"rank {rank} holds {local.num_tokens} rows, more than the width "
+                         f"{view['width']}")
+    # the gather's rows and nd: the rank's local batch (partition_batch's, where it runs)
+    return {"layout": view, "tokens": local.labels, "slot_map": view["expanded"][0],
+            "nd": local.num_decode_tokens(release.split),
+            "shard": batch.regime == SHARDED, "split": release.split is not None}
 
 
 def in_release_order(case: Case, release: Release) -> tuple[Case, list[int] | None]:

@@ -27,7 +27,7 @@ Names pcpcheck provides (`provide`: triton in interpreter mode, the platform's C
 the module's own after it runs (`provide_made`: a value made then, from the tree's own modules:
 the deployment's platform); `fallback` names serve only where their module is a stand-in.
 The tree's own `vllm.distributed.parallel_state` runs too: only its group globals are
-pcpcheck's (`rankctx.RankGroup`, the calling rank's group of each kind).
+pcpcheck's (`CallingRankGroup`, the calling rank's group of each kind).
 
 An inert is never a silent answer: used as a truth value, a container, a number or in a
 comparison it raises `StandInError` naming the file, line and name, and records it for the
@@ -77,7 +77,7 @@ if TYPE_CHECKING:
 STANDIN_ROOT = "vllm"
 # What only the kernels extra installs (pyproject.toml), and the hint a report gives where one
 # is missing.
-KERNELS_EXTRA = frozenset({"triton", "packaging", "regex", "psutil", "cachetools"})
+KERNELS_EXTRA = frozenset({"triton", "packaging", "regex", "psutil", "cachetools", "pydantic"})
 INSTALL_KERNELS = "pip install 'pcpcheck[kernels]'"
 # What a module of a release's own tree may import besides the standard library and vllm.*:
 # pcpcheck's dependencies and its kernels extra's.
@@ -128,6 +128,39 @@ class NotADependency(ModuleNotFoundError):
 
 def is_standin_name(name: str) -> bool:
     return name == STANDIN_ROOT or name.startswith(STANDIN_ROOT + ".")
+
+
+def _dcp_group():
+    group = rankctx.current_dcp()
+    if group is None:
+        refuse("get_dcp_group(): pcpcheck binds the DCP group only on a release's steps, where "
+               "the regime says who shares it", "vllm.distributed.parallel_state._DCP", "a use",
+               sys._getframe(2))
+    return group
+
+
+# parallel_state's group globals, by the group each answers as
+GROUP_KINDS = {"_WORLD": rankctx.current_group, "_PCP": rankctx.current_group,
+               "_DCP": _dcp_group,
+               **{name: lambda: rankctx.SOLO for name in (
+                   "_TP", "_PP", "_DP", "_EP", "_ETP", "_EPLB", "_INNER_DP_WORLD", "_ENGRAM_DP")}}
+
+
+class CallingRankGroup:
+    """A group global of a tree's parallel_state (`_PCP`, `_DCP`, `_TP`, `_WORLD`, ...): the
+    calling rank's group of its kind (GROUP_KINDS), so every rank, though the ranks share one
+    module, finds its own group through the tree's own `get_pcp_group()`."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attribute: str):
+        return getattr(GROUP_KINDS[self._name](), attribute)
+
+    def __repr__(self) -> str:
+        return f"<the calling rank's {self._name.strip('_')} group (pcpcheck)>"
 
 
 def _cdiv(a, b):
@@ -332,8 +365,8 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self._fallbacks: dict[str, dict[str, Any]] = {}
         self._lock = threading.RLock()
         if tree is not None:  # its parallel_state runs; the groups it hands out are the rank's
-            self._overrides[PARALLEL_STATE] = {name: rankctx.RankGroup(name)
-                                               for name in rankctx.GROUP_KINDS}
+            self._overrides[PARALLEL_STATE] = {name: CallingRankGroup(name)
+                                               for name in GROUP_KINDS}
 
     def provide(self, module: str, name: str, value: Any) -> None:
         """Bind `module.name` to `value` (the harness, a working adaptation), in place of the
@@ -475,7 +508,7 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             self.executed.append(name)
             if name == PARALLEL_STATE:
                 self.provided.append(f"{name}: the tree's own, its groups "
-                                     f"({', '.join(rankctx.GROUP_KINDS)}) the calling rank's")
+                                     f"({', '.join(GROUP_KINDS)}) the calling rank's")
         return module
 
     # meta path finder / loader (active only while a load executes)
@@ -553,6 +586,15 @@ class StandInSpace(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 for key in [k for k in sys.modules if is_standin_name(k)]:
                     del sys.modules[key]
                 sys.modules.update(saved)
+
+    @contextlib.contextmanager
+    def imported(self):
+        """As `active`, with the space's modules in sys.modules too: code that runs after the
+        load and looks itself up there (vllm/envs.py's settings read `sys.modules[__name__]`)
+        runs as in the release's process."""
+        with self.active():
+            sys.modules.update(self.modules)
+            yield self
 
 
 @functools.cache
