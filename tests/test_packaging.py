@@ -69,7 +69,7 @@ def test_the_wheel_installs_only_the_projects_own_names_with_spec_docs_and_licen
     required = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     default = {re.split(r"[<>=; ]", line.split(":", 1)[1].strip())[0] for line in required
                if "extra ==" not in line}
-    assert default == {"hypothesis", "numpy", "torch", "greenlet"}
+    assert default == {"hypothesis", "numpy", "torch", "greenlet", "coverage"}
     assert 'triton>=3.0; extra == "kernels"' in metadata
 
 

@@ -19,6 +19,7 @@ from pcpcheck.shared.results import (
     Counterexample,
     InvariantCount,
     RegimeSummary,
+    ReleaseRecord,
 )
 
 # What must be equal across the parts of one run (their options but the shard, and what ran).
@@ -38,7 +39,8 @@ def merge(parts) -> CheckResult:
         if ways != count:
             raise UsageError(f"merge: {name} is part of a run split {ways} ways, {first_name} of "
                              f"one split {count} ways")
-        differs = [field for field in _SAME_RUN if getattr(result, field) != getattr(first, field)]
+        differs = [field for field in _SAME_RUN if _run_of(getattr(result, field))
+                   != _run_of(getattr(first, field))]
         if replace(result.options, shard=None) != replace(first.options, shard=None):
             differs.append("options")
         if differs:
@@ -56,8 +58,32 @@ def merge(parts) -> CheckResult:
         regimes=tuple(_regime([r.summary(regime) for r in results])
                       for regime in (s.regime for s in first.regimes)),
         counterexamples=counterexamples, baseline=_baseline(results),
-        release=first.release, seconds=max(r.seconds for r in results), shards=count,
+        release=_release([r.release for r in results]),
+        seconds=max(r.seconds for r in results), shards=count,
         missing_shards=tuple(k for k in range(1, count + 1) if k not in by_index))
+
+
+def _run_of(value):
+    """What of a result's field its run fixes: a release's record without the lines its part's
+    steps ran."""
+    return (replace(value, lines=(), lines_steps=0, lines_traced=0)
+            if isinstance(value, ReleaseRecord) else value)
+
+
+def _release(records: list[ReleaseRecord | None]) -> ReleaseRecord | None:
+    """The release's record over the parts (all None, or all a record of the same release): the
+    lines any part's steps ran, on the steps of them all."""
+    parts = [record for record in records if record is not None]
+    if not parts:
+        return None
+    run: dict[str, set[int]] = {}
+    for record in parts:
+        for entry in record.lines:
+            run.setdefault(entry.file, set()).update(entry.run)
+    return replace(parts[0], lines=tuple(replace(entry, run=tuple(sorted(run[entry.file])))
+                                         for entry in parts[0].lines),
+                   lines_steps=sum(record.lines_steps for record in parts),
+                   lines_traced=sum(record.lines_traced for record in parts))
 
 
 def _read(part) -> tuple[str, CheckResult, Shard]:

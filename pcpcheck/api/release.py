@@ -21,8 +21,8 @@ from pcpcheck.api.common import (
 from pcpcheck.judge.baseline import Baseline, load_baseline
 from pcpcheck.search import scope as scopes
 from pcpcheck.shared.defaults import DEFAULT_MAX_RANKS, DEFAULT_RELEASE_EXAMPLES, DEFAULT_TIMEOUT
-from pcpcheck.shared.protocol import RELEASE
-from pcpcheck.shared.results import CheckResult, Options, PathStage, ReleaseRecord
+from pcpcheck.shared.protocol import RELEASE, LinesRun
+from pcpcheck.shared.results import CheckResult, FileLines, Options, PathStage, ReleaseRecord
 from pcpcheck_spec.names import DEFAULT_REGIMES
 
 
@@ -72,7 +72,7 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
                            describe=lambda regime, observation, replays: (
                                replay_command(release, observation),
                                counterexample(release, regime, observation, replays)),
-                           release=release_record(release))
+                           release=release_record(release, backend.lines_run))
 
 
 def release_info(backend, spec: dict):
@@ -80,13 +80,21 @@ def release_info(backend, spec: dict):
     return backend.load(json.dumps(spec, sort_keys=True), RELEASE)
 
 
-def release_record(release) -> ReleaseRecord:
+def release_record(release, lines_run: LinesRun | None = None) -> ReleaseRecord:
+    """The record of a release loaded (its ReleaseInfo), with the lines of its path's functions
+    that the run's steps ran (`lines_run`, as the backend merged its workers' reports)."""
     info = release.release
+    lines_run = lines_run or LinesRun()
+    lines = tuple(FileLines(file=relpath, functions=tuple(functions),
+                            run=tuple(sorted(lines_run.run.get(relpath, set()) & set(functions))))
+                  for relpath, functions in (info.get("functions") or {}).items())
     return ReleaseRecord(release=info["release"], kind=info["source"]["kind"],
                          location=info["source"]["location"], files=tuple(info["files"].items()),
                          adapted=tuple(info["adapted"]), layout_model=info["caps"]["era"],
                          capabilities=dict(info["caps"]),
-                         paths=tuple(PathStage(**stage) for stage in info.get("paths") or ()))
+                         paths=tuple(PathStage(**stage) for stage in info.get("paths") or ()),
+                         lines=lines, lines_steps=lines_run.steps,
+                         lines_traced=lines_run.traced)
 
 
 def check_steps(source, steps, *, timeout: float = DEFAULT_TIMEOUT, shrink: bool = True):
@@ -129,10 +137,11 @@ def replay_release(source, case, *, timeout: float = DEFAULT_TIMEOUT) -> CheckRe
     with make_runner("threads", timeout=timeout, world_sizes=None, device="cpu") as backend:
         release = release_info(backend, spec)
         observation = observe_release_case(case, release, backend)
+        record = release_record(release, backend.lines_run)
     options = Options(regimes=(case.batch.regime,), max_examples=1, max_ranks=case.batch.pcp_size,
                       timeout=timeout)
     return one_case(spec["location"], release, observation, options,
                      describe=lambda regime, observation, replays: (
                          replay_command(release, observation),
                          counterexample(release, regime, observation)),
-                     release=release_record(release))
+                     release=record)

@@ -15,7 +15,14 @@ from collections import deque
 from pathlib import Path
 
 from pcpcheck.shared.errors import LoadError
-from pcpcheck.shared.protocol import MAX_AHEAD, MAX_BATCH, RELEASE, RankResult, TargetInfo
+from pcpcheck.shared.protocol import (
+    MAX_AHEAD,
+    MAX_BATCH,
+    RELEASE,
+    LinesRun,
+    RankResult,
+    TargetInfo,
+)
 
 GRACE = 1.5  # seconds the driver waits past a death or a hang for the other ranks' reports
 STARTUP_TIMEOUT = 120.0  # seconds for a worker to start (import torch, join a group)
@@ -42,6 +49,7 @@ class Backend:
     def __init__(self, timeout: float):
         self.timeout = timeout
         self._targets: dict[tuple, TargetInfo] = {}
+        self.lines_run = LinesRun()  # a release's path lines its workers' steps ran, merged
 
     def load(self, source: str, function: str | None = None) -> TargetInfo:
         """Load the target in the workers (bounded); its metadata. Idempotent."""

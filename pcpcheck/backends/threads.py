@@ -73,6 +73,7 @@ class ThreadsBackend(BatchedBackend):
 
     def twin(self) -> ThreadsBackend:
         other = ThreadsBackend(self.timeout, self.device, self.load_timeout)
+        other.lines_run = self.lines_run  # its steps are the run's too
         for source, function in self._targets:
             other.load(source, function)
         return other
@@ -94,7 +95,9 @@ class ThreadsBackend(BatchedBackend):
         if outcome[0] == "result":
             self._received(key)
             try:
-                return "result", protocol.read_result(outcome[1], outcome[2], size or None)
+                results = protocol.read_result(outcome[1], outcome[2], size or None)
+                self.lines_run.add(outcome[1])
+                return "result", results
             except LoadError:  # the run stops: what the worker still owes must not reach another
                 self._retire()
                 raise

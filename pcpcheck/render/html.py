@@ -5,6 +5,10 @@ A page shows, for the shrunk case: each rank's input rows as a grid, coloured by
 and by kind (prefill solid, decode light with a bar, padding hatched grey); the slot map beneath
 each rank's rows; what each rank returned; and each rank's cache after the kernel, with wrong,
 missing and unexpected slots highlighted. The invariant ID heads the page in a red banner.
+
+For a release (`pcpcheck vllm`), a lines page shows each real file of the path table, its source
+read again from the release (only where its sha256 is still the one the run read), each line of
+its functions marked: green where a traced step ran it, red where none did.
 """
 
 from __future__ import annotations
@@ -14,12 +18,25 @@ import os
 
 from pcpcheck.judge import race
 from pcpcheck.judge.explain import label
-from pcpcheck.render.report import cell, checked_ids, coverage_rows, not_applicable_notes
+from pcpcheck.render.report import (
+    cell,
+    checked_ids,
+    coverage_rows,
+    lines_traced,
+    not_applicable_notes,
+)
 from pcpcheck.shared.case import describe
+from pcpcheck.shared.errors import SourceError
 from pcpcheck.shared.results import Counterexample
+from pcpcheck.shared.source import from_spec
 
 BANNER = "#c8102e"  # the violated invariant's banner: tests look for this colour in a screenshot
 KNOWN = "#f5b041"  # a known (baselined) violation's cell in the index's verdict table
+# the lines page: a line of a function that a step ran, and one that none did (tests look for
+# these colours in a screenshot)
+LINE_RUN = "#c6efc6"
+LINE_NOT_RUN = "#f8c9c9"
+FOLDED_LINES = 12  # a stretch of this many lines outside every function is folded away
 
 _STYLE = f"""
 body {{ font-family: sans-serif; margin: 16px; color: #222; background: #fff; }}
@@ -58,6 +75,14 @@ table.verdict td.known, span.known {{ background: {KNOWN}; color: #222; font-wei
 span.fail, span.known {{ padding: 0 4px; }}
 table.verdict td.na {{ color: #999; }}
 table.verdict td.na a {{ color: inherit; }}
+table.source {{ border-collapse: collapse; font-family: monospace; font-size: 12px; }}
+table.source td {{ padding: 0 6px; white-space: pre; }}
+table.source td.n {{ color: #888; text-align: right; user-select: none; }}
+table.source td.mark {{ font-weight: bold; text-align: center; }}
+table.source tr.run td {{ background: {LINE_RUN}; }}
+table.source tr.notrun td {{ background: {LINE_NOT_RUN}; }}
+span.run {{ background: {LINE_RUN}; padding: 0 4px; }}
+span.notrun {{ background: {LINE_NOT_RUN}; padding: 0 4px; }}
 """
 
 
@@ -208,7 +233,84 @@ def _grids(observation) -> str:
     return "".join(parts)
 
 
-def index_page(result, pages: list[tuple[str, Counterexample]]) -> str:
+def lines_page(result) -> str:
+    """A release's path files (result.release.lines), each line of their functions marked: run
+    on a traced step, or on none."""
+    record = result.release
+    source = from_spec({"kind": record.kind, "location": record.location,
+                        "release": record.release})
+    hashes = dict(record.files)
+    body = ['<div class="banner" style="background: #2e7d32">Lines run '
+            f"<small>{html.escape(result.target_name)}</small></div>",
+            '<p class="note"><span class="run">+ green</span>: a line of a function that a traced '
+            'step ran; <span class="notrun">x red</span>: a line of a function that no traced step '
+            "ran; unmarked: outside every function's body (it runs at import) or not a statement"
+            "</p>",
+            f'<p class="note">lines run: {html.escape(lines_traced(record))}</p>',
+            _lines_table(record.lines, "")]
+    for number, entry in enumerate(record.lines, 1):
+        body.append(f'<h2 id="file-{number}">{html.escape(entry.file)} <small>'
+                    f"{len(entry.run)}/{len(entry.functions)} lines run</small></h2>")
+        try:
+            text = source.read(entry.file)
+            why = "" if source.hashes[entry.file] == hashes.get(entry.file) else (
+                f"{entry.file} changed since the run read it")
+        except SourceError as exc:
+            why = str(exc)
+        if why:  # never marks on a text other than the one that ran
+            body.append(f'<p class="note">source not shown: {html.escape(why)}; lines run: '
+                        f'{", ".join(map(str, entry.run)) or "none"}</p>')
+            continue
+        body.append(_source_table(number, text, set(entry.run), set(entry.functions)))
+    return _page(f"pcpcheck: lines run, {result.target_name}", "".join(body))
+
+
+def _lines_table(lines, page: str) -> str:
+    """Each real file of the path, its lines run, linked to its source on the lines `page`."""
+    rows = "".join(f'<tr><th><a href="{html.escape(page)}#file-{number}">'
+                   f"{html.escape(entry.file)}</a></th>"
+                   f"<td>{len(entry.run)}/{len(entry.functions)}</td></tr>"
+                   for number, entry in enumerate(lines, 1))
+    return (f'<table class="grid verdict" id="lines-run"><tr><th></th><th>lines run</th></tr>'
+            f"{rows}</table>")
+
+
+def _source_table(number: int, text: str, run: set[int], functions: set[int]) -> str:
+    """A file's lines, marked; a stretch of FOLDED_LINES or more without a line of a function
+    (imports, module constants, a docstring) folded away, a click opens it."""
+    rows: list[tuple[str, int]] = []  # (a row, its first line)
+    unmarked: list[tuple[str, int]] = []
+
+    def fold() -> None:
+        if len(unmarked) < FOLDED_LINES:
+            rows.extend(unmarked)
+        else:
+            first, last = unmarked[0][1], unmarked[-1][1]
+            rows.append(("<tr><td colspan=\"3\"><details><summary>lines "
+                         f"{first}-{last}: outside every function</summary><table "
+                         f'class="source">{"".join(row for row, _ in unmarked)}</table>'
+                         "</details></td></tr>", first))
+        unmarked.clear()
+
+    for line, code in enumerate(text.splitlines(), 1):
+        kind, mark = (("run", "+") if line in run else ("notrun", "x") if line in functions
+                      else ("", ""))
+        row = (f'<tr class="{kind}"><td class="n">{line}</td><td class="mark">{mark}</td>'
+               f"<td>{html.escape(code)}</td></tr>", line)
+        if kind:
+            fold()
+            rows.append(row)
+        else:
+            unmarked.append(row)
+    fold()
+    return (f'<table class="source" id="source-{number}">{"".join(row for row, _ in rows)}'
+            "</table>")
+
+
+def index_page(result, pages: list[tuple[str, Counterexample]],
+               lines_page_name: str | None = None) -> str:
+    """The index: the verdict, a link per counterexample page, the verdict and coverage tables,
+    and a release's lines run per path file, linked to its place on `lines_page_name`."""
     verdict = "holds" if result.holds else "VIOLATED"
     body = [f'<div class="banner" style="background: {"#2e7d32" if result.holds else BANNER}">'
             f"pcpcheck: {verdict} <small>{html.escape(result.target_name)}</small></div>",
@@ -248,6 +350,9 @@ def index_page(result, pages: list[tuple[str, Counterexample]]) -> str:
         head = "".join(f"<th>{html.escape(s.regime)}</th>" for s in covered)
         body.append(f'<h2>Coverage (cases)</h2><table class="grid"><tr><th></th>{head}</tr>'
                     f"{lines}</table>")
+    if lines_page_name is not None:
+        body.append("<h2>Lines run (the path's files)</h2>"
+                    + _lines_table(result.release.lines, lines_page_name))
     return _page(f"pcpcheck: {result.target_name}", "".join(body))
 
 
@@ -275,10 +380,11 @@ def html_page(path: str) -> bool:
 
 
 def write_html(path: str, result) -> list[str]:
-    """Write one page per counterexample and the index page; return their paths, the index's
-    first. `path`: a directory (made if need be) for index.html and the pages, or the index page
-    itself, NAME.html (html_page), with the pages beside it named NAME-counterexample-...
-    (two indexes in one folder keep their own pages)."""
+    """Write one page per counterexample, a release's lines page (lines_page) and the index
+    page; return their paths, the index's first. `path`: a directory (made if need be) for
+    index.html and the pages, or the index page itself, NAME.html (html_page), with the pages
+    beside it named NAME-counterexample-..., NAME-lines.html (two indexes in one folder keep
+    their own pages)."""
     if html_page(path):
         directory, index_name = os.path.split(path)
         prefix = os.path.splitext(index_name)[0] + "-"
@@ -294,7 +400,13 @@ def write_html(path: str, result) -> list[str]:
             handle.write(counterexample_page(counterexample, result.target))
         pages.append((filename, counterexample))
         paths.append(page)
+    lines_name = None
+    if result.release is not None and result.release.lines:
+        lines_name = f"{prefix}lines.html"
+        paths.append(os.path.join(directory, lines_name))
+        with open(paths[-1], "w", encoding="utf-8") as handle:
+            handle.write(lines_page(result))
     index = os.path.join(directory, index_name)
     with open(index, "w", encoding="utf-8") as handle:
-        handle.write(index_page(result, pages))
+        handle.write(index_page(result, pages, lines_name))
     return [index, *paths]

@@ -12,7 +12,7 @@ from pcpcheck.judge import coverage
 from pcpcheck.judge.explain import LEGEND
 from pcpcheck.judge.verdict import PROTOCOL_ONLY
 from pcpcheck.search.scope import parse_scope
-from pcpcheck.shared.protocol import MANAGER_STAGE, split_function
+from pcpcheck.shared.protocol import LINES_MAX_GAP, MANAGER_STAGE, split_function
 from pcpcheck.shared.results import NOT_EVALUATED
 from pcpcheck_spec.names import DCP, HAZARD_REGIMES, LAYOUT, REPLICA, SHARD
 from pcpcheck_spec.registry import ASYNC_IDS, BY_ID, GATHER_IDS, RELEASE_IDS
@@ -290,8 +290,9 @@ def release_header(record, name: str, stand_ins) -> list[str]:
 def release_provenance(record, stand_ins, regimes=()) -> list[str]:
     """Where a release's verdict comes from (a results.ReleaseRecord): files, layout model,
     capabilities, the path table (with the `regimes`' steps each real stage ran on, where they are
-    known), stand-ins, adaptations. The report prints it after the verdict (result_text), a
-    replay after the title."""
+    known, and the lines each real file's functions ran, where the record has them), stand-ins,
+    adaptations. The report prints it after the verdict (result_text), a replay after the
+    title."""
     caps = record.capabilities
     lines = [f"  files read: {len(record.files)} (the path's below; every sha256 in --json)"]
     lines.append(f"  layout model: reference era {record.layout_model} "
@@ -302,17 +303,40 @@ def release_provenance(record, stand_ins, regimes=()) -> list[str]:
                  f"{'yes' if caps['graph_padding'] else 'no'}")
     if record.paths:
         lines.append("  path (real: the release's own code runs; modeled: pcpcheck's restatement):")
+    counted: set[str] = set()  # files sharing a path say their lines run once
     for stage in record.paths:
-        where = (f"{stage.file}  {stage.sha256}" if stage.status == "real" else stage.reason)
+        where = (f"{stage.file}  {lines_run(record, stage.file, counted)}{stage.sha256}"
+                 if stage.status == "real" else stage.reason)
         lines.append(f"    {stage.stage:<27} {stage.status:<8} {where}")
         steps = stage_steps(stage.stage, regimes) if regimes and stage.status == "real" else ""
         if steps:  # a real stage that did not run on every step: how often, and why
             lines.append(f"    {'':<27} {'':<8} {steps}" + (f": {stage.reason}" if stage.reason else ""))
         elif stage.status == "real" and stage.reason:
             lines.append(f"    {'':<27} {'':<8} ({stage.reason})")
+    if record.lines:
+        lines.append(f"    lines run: {lines_traced(record)}; each in --json, marked in --html")
     lines += [f"  stood in for (cannot run here): {line}" for line in stand_ins]
     lines += [f"  adapted: {note}" for note in record.adapted]
     return lines
+
+
+def lines_run(record, relpath: str, counted: set[str]) -> str:
+    """"N/M lines run  ": of the executable lines in the functions of a real file of the path,
+    those the run's steps ran; "" where the record has none, or `counted` holds the file."""
+    entry = record.file_lines(relpath)
+    if entry is None or relpath in counted:
+        return ""
+    counted.add(relpath)
+    return f"{len(entry.run)}/{len(entry.functions)} lines run  "
+
+
+def lines_traced(record) -> str:
+    """What "N/M lines run" counts, and on which steps (pcpcheck.worker.release_lines)."""
+    which = ("every step traced" if record.lines_traced == record.lines_steps > 0 else
+             f"traced on {record.lines_traced} of {record.lines_steps} steps: every step while "
+             f"steps ran new lines, then down to one in {LINES_MAX_GAP + 1}")
+    return (f"of the executable lines in a real file's functions, those the traced steps ran "
+            f"({which})")
 
 
 def rates(*results, wall: float = 0.0) -> str:

@@ -8,7 +8,8 @@ blobs, framed by pcpcheck.shared.wire.
     load               load_request (driver) / read_load      loaded_reply, load_error_reply
                                                               (worker) / target_info (driver)
     cases              cases_request, case_request (driver)   per case: result_reply (worker)
-                       / read_cases (worker)                  / read_result (driver)
+                       / read_cases (worker)                  / read_result, LinesRun.add
+                                                              (driver)
     a case's inputs    in the request's blobs / rank_inputs   each rank: encode_rank,
                                                               encode_release_rank / decode_rank
     failure            -                                      fail_reply (worker, fork server)
@@ -80,7 +81,8 @@ class TargetInfo:
 class ReleaseInfo(TargetInfo):
     """A vLLM release as the worker that loaded it described it, in plain data: `release` holds
     release, source (spec), files (relpath -> sha256), adapted, caps (Capabilities' fields),
-    paths (the path table: per stage, real with its file and sha256 or modeled with why)."""
+    paths (the path table: per stage, real with its file and sha256 or modeled with why),
+    functions (per real file of the path table: the executable lines inside its functions)."""
 
     release: dict[str, Any] = field(default_factory=dict)
 
@@ -406,10 +408,50 @@ def _row_bytes(dtype: str, trailing: Iterable[int]) -> int:
 
 # --- a case's result: each rank's report --------------------------------------------------------
 
-def result_reply(ranks: list[wire.Header], refused: str | None = None) -> wire.Header:
+def result_reply(ranks: list[wire.Header], refused: str | None = None,
+                 lines: dict[str, Any] | None = None) -> wire.Header:
     """One case's result: each hosted rank's report (encode_rank), its tensors in the blobs;
-    `refused`: a use of a stand-in the code made, which no verdict may rest on."""
-    return {"op": RESULT, "ranks": ranks, "refused": refused}
+    `refused`: a use of a stand-in the code made, which no verdict may rest on; `lines`: a
+    release's step, what it ran of the path's lines (pcpcheck.worker.release_lines): "traced"
+    (whether they were recorded on it) and "run" (relpath -> the lines no earlier step of the
+    worker ran)."""
+    reply: wire.Header = {"op": RESULT, "ranks": ranks, "refused": refused}
+    if lines is not None:
+        reply["lines"] = lines
+    return reply
+
+
+# A release's path lines are recorded on every step while steps run new lines; after a traced
+# step that ran none, on ever fewer, down to one step in LINES_MAX_GAP + 1
+# (pcpcheck.worker.release_lines).
+LINES_MAX_GAP = 63
+
+
+@dataclass
+class LinesRun:
+    """A release's path lines its steps ran, as the driver merges its workers' results (each
+    release step's `lines`): relpath -> line numbers, and on how many of the steps received
+    they were recorded (`traced` of `steps`)."""
+
+    run: dict[str, set[int]] = field(default_factory=dict)
+    steps: int = 0
+    traced: int = 0
+
+    def add(self, header: wire.Header) -> None:
+        """A RESULT message's lines, if it carries them; ValueError if they are not a flag and
+        relpaths with line numbers, as a target writing to its worker's pipe could make them."""
+        report = header.get("lines")
+        if report is None:
+            return
+        run = report.get("run") if isinstance(report, dict) else None
+        if not isinstance(run, dict) or type(report.get("traced")) is not bool or not all(
+                isinstance(relpath, str) and isinstance(numbers, list)
+                and all(type(n) is int for n in numbers) for relpath, numbers in run.items()):
+            raise ValueError("a result whose lines run are not a flag, relpaths and line numbers")
+        self.steps += 1
+        self.traced += report["traced"]
+        for relpath, numbers in run.items():
+            self.run.setdefault(relpath, set()).update(numbers)
 
 
 def is_result(header: wire.Header) -> bool:

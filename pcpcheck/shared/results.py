@@ -148,6 +148,19 @@ class PathStage:
     reason: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class FileLines:
+    """A real file of a release's path table: the executable lines inside its function and
+    method bodies (`functions`), and those the run's steps ran (`run`), ascending."""
+
+    file: str  # its path in the release
+    functions: tuple[int, ...]
+    run: tuple[int, ...]
+
+    def to_json(self) -> dict[str, list[int]]:
+        return {"functions": list(self.functions), "run": list(self.run)}
+
+
 # A regime whose reach pcpcheck could not work out from the release's code (its not_applicable
 # reason starts so): nothing drawn, and the verdict says so, never assumed either way.
 NOT_EVALUATED = "not evaluated: "
@@ -171,6 +184,13 @@ class ReleaseRecord:
     # read from its code (pcpcheck.shared.protocol.Capabilities' fields)
     capabilities: dict[str, Any] = field(default_factory=dict)
     paths: tuple[PathStage, ...] = ()  # the path table, stage by stage
+    lines: tuple[FileLines, ...] = ()  # each real file of the path table: its lines run
+    # the steps of the run, and of them those the lines were recorded on (traced)
+    lines_steps: int = 0
+    lines_traced: int = 0
+
+    def file_lines(self, relpath: str | None) -> FileLines | None:
+        return next((entry for entry in self.lines if entry.file == relpath), None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -288,7 +308,8 @@ class CheckResult:
                                                    "missing": list(self.missing_shards)},
             "release": None if self.release is None else {
                 **asdict(self.release), "files": dict(self.release.files),
-                "adapted": list(self.release.adapted)},
+                "adapted": list(self.release.adapted),
+                "lines": {entry.file: entry.to_json() for entry in self.release.lines}},
         }, indent=2)
 
     @staticmethod
@@ -338,7 +359,10 @@ class CheckResult:
                 **data["release"], "files": tuple(data["release"]["files"].items()),
                 "adapted": tuple(data["release"]["adapted"]),
                 "capabilities": data["release"].get("capabilities", {}),
-                "paths": tuple(PathStage(**stage) for stage in data["release"].get("paths", ()))}))
+                "paths": tuple(PathStage(**stage) for stage in data["release"].get("paths", ())),
+                "lines": tuple(FileLines(file=relpath, functions=tuple(entry["functions"]),
+                                         run=tuple(entry["run"]))
+                               for relpath, entry in data["release"].get("lines", {}).items())}))
 
 
 @dataclass(frozen=True)

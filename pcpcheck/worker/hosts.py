@@ -6,10 +6,12 @@ cases on the ranks the worker hosts.
   run on every rank as greenlets (`threads`) or on this process's one rank of a
   torch.distributed group (`gloo`, `nccl`, `torchrun`).
 - `ReleaseHost`: a vLLM release's PCP path; its steps run on every rank as greenlets, each rank
-  laying the step out with its own PCPManager (pcpcheck.worker.release_step).
+  laying the step out with its own PCPManager (pcpcheck.worker.release_step), the lines of the
+  path's files they run recorded (pcpcheck.worker.release_lines).
 
 `load(request, worker)` gives the host and the reply to send (loaded, or load_error); a host's
-`run(case)` gives each hosted rank's report (pcpcheck.shared.protocol) and its blobs.
+`run(case)` gives each hosted rank's report (pcpcheck.shared.protocol) and its blobs, and its
+`lines_run()` after it what the case ran of the path's lines (a release's; None for a gather).
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ class GatherHost:
             function_name=first.function_name,
             protocol=first.protocol.__name__ if first.protocol is not None else "",
             async_order=first.async_order, streams=first.uses_streams)
+
+    def lines_run(self) -> None:
+        return None  # a gather's lines are not recorded: a release's path table names its files
 
     def run(self, case: protocol.CaseRequest) -> tuple[list[dict], list]:
         if self.worker.adapter is None:
@@ -151,28 +156,34 @@ class ReleaseHost:
     """A vLLM release (`pcpcheck vllm`): its manager and gather executed here, its capabilities
     read from its code."""
 
-    def __init__(self, spec: dict, worker):
+    def __init__(self, spec: dict, worker, lines):
         self.spec = spec
         self.worker = worker
+        self.lines = lines  # a release_lines.LineRecorder of the path table's real files
 
     @classmethod
     def load(cls, request: protocol.LoadRequest, worker) -> tuple[ReleaseHost | None, dict]:
         from pcpcheck.worker.release_code import release_from_spec
+        from pcpcheck.worker.release_lines import LineRecorder
         spec = json.loads(request.source)
         try:
             release = release_from_spec(spec)
+            lines = LineRecorder(release.source, [stage["file"] for stage in release.paths or ()
+                                                  if stage["status"] == "real"])
         except BaseException as exc:  # noqa: BLE001 - SourceError, InterfaceDrift, anything else
             kind = type(exc).__name__
             text = str(exc).splitlines()[0] if str(exc) else kind
             if kind not in ("InterfaceDrift", "SourceError", "LoadError"):
                 text = f"loading the release failed: {kind}: {text}"
             return None, protocol.load_error_reply(text[:500], kind)
-        return cls(spec, worker), protocol.loaded_reply(
+        return cls(spec, worker, lines), protocol.loaded_reply(
             name=release.name, stand_ins=release.stand_ins,
             accepts_shard=release.caps.gather_shard, function_name=release.gather.function_name,
             release={"release": release.source.release, "source": release.source.spec(),
                      "files": release.files, "adapted": list(release.adapted),
-                     "caps": asdict(release.caps), "paths": release.paths})
+                     "caps": asdict(release.caps), "paths": release.paths,
+                     "functions": {relpath: sorted(numbers)
+                                   for relpath, numbers in lines.functions.items()}})
 
     def run(self, case: protocol.CaseRequest) -> tuple[list[dict], list]:
         """The step on every rank as greenlets: rank_step lays it out with the rank's own
@@ -187,8 +198,12 @@ class ReleaseHost:
             with deployment.on_rank():
                 return rank_step(step_json, self.spec, rank)
 
-        outcomes = worker.threads.run(case.size, step, worker.on_switch(ranges))
+        with self.lines.step():
+            outcomes = worker.threads.run(case.size, step, worker.on_switch(ranges))
         blobs: list = []
         results = [protocol.encode_release_rank(rank, outcome, worker.capture.text(ranges[rank]),
                                                 blobs) for rank, outcome in enumerate(outcomes)]
         return results, blobs
+
+    def lines_run(self) -> dict:
+        return {"traced": self.lines.traced, "run": self.lines.take()}

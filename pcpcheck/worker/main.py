@@ -180,10 +180,12 @@ class Worker:
             self.count += 1
             self.capture.reset()
             self.status.begin()
-            results, blobs = self.hosts[case.key].run(case)
+            host = self.hosts[case.key]
+            results, blobs = host.run(case)
             for result in results:  # each rank's own running time in this case (the status file's)
                 result["seconds"] = self.status.seconds(result["rank"])
-            wire.send(self.out, protocol.result_reply(results, take_refused()), blobs)
+            wire.send(self.out, protocol.result_reply(results, take_refused(), host.lines_run()),
+                      blobs)
         if self.adapter is None or self.poisoned:
             return None
         try:
