@@ -175,10 +175,10 @@ def test_the_trees_platform_is_made_once_per_process_and_tree(tmp_path):
 
 
 def test_a_platform_module_that_cannot_run_here_leaves_the_model_and_says_why(tmp_path):
-    space = _tree_space(tmp_path, "import pydantic\n")
+    space = _tree_space(tmp_path, "import zmq\n")
     assert space.module("vllm.platforms").current_platform is deployment.PLATFORM
     assert ("vllm.platforms.current_platform: pcpcheck's model of a CUDA platform (working "
-            "stand-in; vllm.platforms.cuda: imports 'pydantic', not among pcpcheck's "
+            "stand-in; vllm.platforms.cuda: imports 'zmq', not among pcpcheck's "
             "dependencies)") in space.provided
 
 

@@ -21,6 +21,7 @@ from pcpcheck.faces.cli import main
 from pcpcheck.shared.case import Case, TensorSpec
 from pcpcheck.shared.errors import InterfaceDrift, SourceError
 from pcpcheck.shared.source import GATHERS, MANAGER, fetch_release
+from pcpcheck.worker.release_calls import CALLER_FILES
 from pcpcheck_spec.names import (
     DCP,
     DRAFT,
@@ -59,7 +60,7 @@ def test_correct_fixture_release_holds_and_names_its_files():
     assert result.verdicts() == {r: "holds" for r in (SHARDED, REPLICATED, DCP, DRAFT)}
     release = result.release
     files = dict(release.files)
-    assert set(files) == {MANAGER, GATHERS[0]}
+    assert set(files) == {MANAGER, GATHERS[0], *CALLER_FILES}  # the callers: how they call
     assert all(len(digest) == 64 for digest in files.values())
     assert any(line.startswith("vllm.config.CUDAGraphMode (working stand-in; vllm.config: ")
                for line in release.adapted), release.adapted
@@ -271,7 +272,8 @@ def test_interface_errors_are_typed(tmp_path):
 
 @pytest.mark.parametrize("relpath, old, new, named", [
     (MANAGER, "global_batch_slice", "batch_slice", "global_batch_slice"),  # a segment field
-    (GATHERS[0], "maybe_gather_indexer_k(k,", "maybe_gather_indexer_k(keys,", "'k'"),  # a keyword
+    # a caller's keyword the wrapper lacks: pcpcheck cannot call it as its callers do
+    (CALLER_FILES[1], "self.use_pcp,\n", "self.use_pcp, layer=self,\n", "layer="),
 ])
 def test_a_renamed_field_or_keyword_is_drift_naming_it(tmp_path, relpath, old, new, named):
     path = checkout(tmp_path) / relpath

@@ -11,13 +11,15 @@ import pytest
 from pcpcheck.api import check_release
 from pcpcheck.shared.errors import LoadError
 from pcpcheck.shared.source import GATHERS, MANAGER
+from pcpcheck.worker.release_calls import CALLER_FILES
 from pcpcheck.worker.release_excerpts import BACKEND_UTILS
-from pcpcheck_spec.names import REPLICATED, SHARDED
+from pcpcheck_spec.names import DCP, REPLICATED, SHARDED
 from tests.test_vllm_kernels import checkout
 
 pytestmark = pytest.mark.xdist_group("vllm_drift")  # its own process: beside the kernels tests
 
 GATHER_BODY = "    local_num_tokens = tensors[0].shape[0]\n"
+MLA_CALLER, INDEXER_CALLER = CALLER_FILES
 # The gather returns early unless a setting is on; it is on by default (vllm/envs.py), so in a
 # deployment the line does nothing.
 SETTINGS_READ = (GATHERS[0], GATHER_BODY,
@@ -95,6 +97,24 @@ def test_a_switch_added_to_parallel_state_holds(wheel, tmp_path):
     a switch added there answers as the release's code does (it was a stand-in: exit 2)."""
     root = drifted(wheel, tmp_path / "switch", SWITCH_SETTING, SWITCH, SWITCH_READ)
     assert _verdicts(root, (REPLICATED, SHARDED)) == {REPLICATED: "holds", SHARDED: "holds"}
+
+
+def test_the_wrappers_keyword_renamed_with_its_callers_holds(wheel_0_34, tmp_path):
+    """The wrappers are called as the release's layers call them (read from the tree): the
+    shard keyword renamed in the wrappers and at every call site changes nothing a deployment
+    computes (by a remembered name, the wrappers were called without it: COLLECTIVE, REPLICA)."""
+    root = tmp_path / "keyword"
+    checkout(wheel_0_34, root)
+    renames = {GATHERS[0]: ("pcp_shard_decode_requests", "shard_decodes"),
+               MLA_CALLER: ("pcp_shard_decode_requests=self", "shard_decodes=self"),
+               INDEXER_CALLER: ("pcp_shard_decode_requests=pcp", "shard_decodes=pcp")}
+    for relpath, (old, new) in renames.items():
+        text = (root / relpath).read_text()
+        assert old in text, (relpath, old)
+        (root / relpath).write_text(text.replace(old, new))
+    result = check_release(root, regimes=(SHARDED, DCP), max_examples=15, max_ranks=3)
+    assert result.verdicts() == {SHARDED: "holds", DCP: "holds"}
+    assert result.release.capabilities["wrapper_shard_keyword"] == "shard_decodes"
 
 
 def test_an_internal_renamed_without_its_callers_exits_2_naming_it(wheel, tmp_path):

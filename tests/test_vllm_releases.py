@@ -55,3 +55,9 @@ def test_a_release_gets_its_documented_verdict(version, tmp_path):
     for regime, verdict in verdicts.items():
         assert verdict.startswith(want[regime]), (regime, verdict)
     assert "block tables / slot mapping real" in " ".join(done.stdout.split()), done.stdout
+    # the release's own configuration classes, built for every regime (the kernels extra's
+    # pydantic runs vllm/config/*.py), and its layers' calls of the wrappers read from the tree
+    adapted = json.loads(out.read_text())["release"]["adapted"]
+    assert "ParallelConfig, CacheConfig, SchedulerConfig: the release's own, built per regime" \
+        in adapted, adapted
+    assert sum(" called as its layers call it (" in line for line in adapted) == 2, adapted

@@ -44,6 +44,8 @@ from pcpcheck.worker.release_batch import (
     partition,
     partition_path,
 )
+from pcpcheck.worker.release_calls import WrapperCall, wrapper_calls
+from pcpcheck.worker.release_config import MODEL_CONFIG, PARALLEL, regime_configs
 from pcpcheck.worker.release_excerpts import (
     BACKEND_UTILS,
     MODEL_RUNNER,
@@ -71,11 +73,9 @@ INDEXER_WRAPPER = "maybe_gather_indexer_k"
 GATHER = "_gather_prefill_cache_inputs"
 SPECULATOR_CONFIG = "vllm.v1.worker.gpu.spec_decode.speculator_config"  # 0.34 on
 SHARD = "shard_decode_requests"
-# The parameters pcpcheck passes by name (the wrappers' callers do the same).
-WRAPPER_PARAMS = {
-    MLA_WRAPPER: ("kv_c_normed", "k_pe", "slot_mapping", "num_decode_tokens", "use_pcp"),
-    INDEXER_WRAPPER: ("k", "slot_mapping", "num_decode_tokens", "use_pcp"),
-}
+# The data each wrapper's callers pass it (its K/V tensors, the slot map, num_decode_tokens):
+# the rest of its arguments are read from their configuration (pcpcheck.worker.release_calls).
+WRAPPER_DATA = {MLA_WRAPPER: 4, INDEXER_WRAPPER: 3}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,6 +154,8 @@ class Release:
     # how its partition_batch builds each rank's local batch, or why it is not run
     partition: PartitionPath = dataclasses.field(default_factory=PartitionPath)
     paths: list[dict] | None = None  # the path table (path_table): which stage runs the release's code
+    calls: dict[str, WrapperCall] = dataclasses.field(default_factory=dict)  # by wrapper
+    space: StandInSpace | None = None  # its modules: its configuration classes are built per step
 
     @property
     def name(self) -> str:
@@ -229,22 +231,45 @@ def _draft_config(space: StandInSpace) -> SimpleNamespace:
     return spec
 
 
-def _synthetic_config(pcp: int, dcp: int, speculative: bool, space: StandInSpace):
-    """A vllm_config for validate_config: sparse MLA (DeepSeek-V3.2), no CUDA graphs, PCP = pcp,
-    DCP = dcp, with single-module MTP drafts when `speculative`."""
+def _synthetic_config(regime: str, pcp: int, dcp: int, speculative: bool, space: StandInSpace):
+    """A vllm_config for validate_config: the regime's own parallel, cache and scheduler
+    configuration (release_config: the release's classes where they run here), sparse MLA
+    (DeepSeek-V3.2: `MODEL_CONFIG`), no CUDA graphs, with single-module MTP drafts when
+    `speculative`."""
+    configs = regime_configs(space, regime, pcp, dcp, 1, 16)
     return SimpleNamespace(
-        parallel_config=SimpleNamespace(
-            prefill_context_parallel_size=pcp, decode_context_parallel_size=dcp,
-            pipeline_parallel_size=1, dcp_comm_backend="ag_rs", enable_expert_parallel=False,
-            pcp_shard_decode_requests=dcp == 1, cp_kv_cache_interleave_size=1),
+        parallel_config=configs.parallel, cache_config=configs.cache,
+        scheduler_config=configs.scheduler,
         model_config=SimpleNamespace(
             use_mla=True, is_encoder_decoder=False,
             hf_text_config=SimpleNamespace(index_topk=2048, model_type="deepseek_v32")),
         lora_config=None, speculative_config=_draft_config(space) if speculative else None,
-        compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode.NONE))
+        # the release's own enum where vllm.config runs (validate_config compares its members)
+        compilation_config=SimpleNamespace(cudagraph_mode=getattr(
+            space.module("vllm.config"), "CUDAGraphMode", CUDAGraphMode).NONE))
 
 
-def _rejects(manager, space: StandInSpace, pcp: int, dcp: int, speculative: bool
+def _configured(calls: dict[str, WrapperCall], space: StandInSpace, adapted: list[str]) -> None:
+    """A regime no configuration of the release makes, said under "adapted": where its own
+    ParallelConfig is built, what its layers pass the wrappers as the gather's shard flag (with
+    DCP = 1) may contradict the regime. Such a regime is still checked as the release's code
+    allows (a fork may configure it), the wrappers given the regime's flag (`_call_entry`)."""
+    for regime in (SHARDED, REPLICATED):
+        configs = regime_configs(space, regime, 2, 1, 1, 16)
+        for call in calls.values():
+            if PARALLEL in configs.unbuilt or call.shard not in call.config:
+                continue
+            value = call.evaluate(configs.parallel)[call.shard]
+            if bool(value) != (regime == SHARDED):
+                adapted.append(
+                    f"{regime}: no configuration of this release makes it (its ParallelConfig "
+                    f"gives {call.config[call.shard]} = {value} with DCP = 1, which its layers "
+                    f"pass the wrappers as {call.shard}); checked as its code allows, the "
+                    f"wrappers given {call.shard} = {regime == SHARDED} (pcpcheck's answer)")
+                break
+
+
+def _rejects(manager, space: StandInSpace, regime: str, pcp: int, dcp: int, speculative: bool
              ) -> tuple[str | None, str | None]:
     """(validate_config's NotImplementedError message for this configuration, else None;
     why it could not be evaluated, else None): the release's own code decides, or nothing does."""
@@ -253,7 +278,7 @@ def _rejects(manager, space: StandInSpace, pcp: int, dcp: int, speculative: bool
         return None, None  # a release without validate_config rejects nothing
     try:
         with space.active():  # the release's code may import its modules by name
-            validate(_synthetic_config(pcp, dcp, speculative, space), False)
+            validate(_synthetic_config(regime, pcp, dcp, speculative, space), False)
     except NotImplementedError as exc:
         return (str(exc).splitlines()[0] if str(exc) else "NotImplementedError"), None
     except Exception as exc:  # noqa: BLE001 - it reads what pcpcheck cannot give: no verdict on a guess
@@ -263,8 +288,8 @@ def _rejects(manager, space: StandInSpace, pcp: int, dcp: int, speculative: bool
     return None, None
 
 
-def _capabilities(manager, gather, wrappers: dict, space: StandInSpace, adapted: list[str]
-                  ) -> Capabilities:
+def _capabilities(manager, gather, calls: dict[str, WrapperCall], space: StandInSpace,
+                  adapted: list[str]) -> Capabilities:
     init = _params(manager.__init__)
     for name in ("pcp_world_size", "pcp_rank", "device", "dcp_world_size", "dcp_rank"):
         if name not in init:
@@ -275,17 +300,13 @@ def _capabilities(manager, gather, wrappers: dict, space: StandInSpace, adapted:
                              "(num_scheduled_tokens, num_computed_tokens, is_prefilling, "
                              "query_start_loc_np)")
     _require("PCPManager", manager, "_convert_to_gathered_slot_mappings")
-    for name, function in wrappers.items():
-        missing = [p for p in WRAPPER_PARAMS[name] if p not in _params(function)]
-        if missing:
-            raise InterfaceDrift(f"{name} has no parameter {missing[0]!r}")
-    keywords = {key for function in wrappers.values() for key in _params(function)
-                if key.endswith(SHARD)}
+    shards = sorted({call.shard for call in calls.values()
+                     if call.shard in (*call.positional, *call.keywords)})
     caps = Capabilities(
         era=ERA_CURRENT if hasattr(manager, "replicated_requests") else ERA_V026,
         manager_shards=SHARD in init,
         gather_shard=gather.accepts_shard,
-        wrapper_shard_keyword=min(keywords) if keywords else None,
+        wrapper_shard_keyword=", ".join(shards) or None,
         graph_padding="padded_num_tokens" in layout,
         replicated_method=hasattr(manager, "replicated_requests"))
     if not caps.manager_shards:
@@ -295,8 +316,9 @@ def _capabilities(manager, gather, wrappers: dict, space: StandInSpace, adapted:
         adapted.append("PCPManager has no validate_config: the release rejects no configuration")
     probes = ((2, 2, False, (DCP,), "PCP+DCP"), (2, 1, True, (DRAFT, DRAFT_MIXED), "drafts"),
               (2, 1, False, (REPLICATED,), "PCP itself"))
+    _configured(calls, space, adapted)
     for pcp, dcp, speculative, regimes, what in probes:
-        rejected, unevaluated = _rejects(manager, space, pcp, dcp, speculative)
+        rejected, unevaluated = _rejects(manager, space, regimes[0], pcp, dcp, speculative)
         for regime in regimes:
             if rejected:
                 caps.not_applicable[regime] = f"its validate_config rejects {what}: {rejected}"
@@ -332,7 +354,14 @@ def load_release(source: Source | str) -> Release:
             adapted.append(f"{gather_path} has no {name}: its cases call the gather directly")
         else:
             wrappers[name] = function
-    caps = _capabilities(manager, gather, wrappers, space, adapted)
+    calls = wrapper_calls(source, gather_path, wrappers,
+                          {name: WRAPPER_DATA[name] for name in wrappers}, GATHER, SHARD)
+    adapted += [f"{call.wrapper} called as its layers call it ({', '.join(call.sites)}): "
+                + ", ".join([*call.positional, *(f"{k}=" for k in call.keywords)])
+                + "".join(f"; {parameter} = {expression}" for parameter, expression
+                          in call.config.items()) for call in calls.values()]
+    adapted += [*regime_configs(space, REPLICATED, 2, 1, 1, 16).lines(), MODEL_CONFIG]
+    caps = _capabilities(manager, gather, calls, space, adapted)
     if caps.era == ERA_V026:
         adapted.append("no PCPManager.replicated_requests: judged by the 0.26 layout model")
     if not caps.graph_padding:
@@ -361,7 +390,8 @@ def load_release(source: Source | str) -> Release:
     split, unsplit = load_function(source, BACKEND_UTILS, SPLIT)
     release = Release(source=source, manager=manager, gather_module=gather_module, gather=gather,
                       caps=caps, stand_ins=space.stood_in_by_reason(), adapted=adapted,
-                      kernels=kernels, sort=sort, split=split, partition=local_batches)
+                      kernels=kernels, sort=sort, split=split, partition=local_batches,
+                      calls=calls, space=space)
     _probe(release)
     release.paths = path_table(source, gather_path, kernels.reason if not kernels.real else "",
                                bool(wrappers), unsorted, unsplit, caps.dummy_requests,

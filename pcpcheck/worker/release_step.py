@@ -28,7 +28,7 @@ import torch
 
 import pcpcheck_reference as reference
 from pcpcheck.shared.case import Case, as_tensor, row_content
-from pcpcheck.worker.rankctx import current_group
+from pcpcheck.worker.rankctx import SOLO, bound_dcp, current_group
 from pcpcheck.worker.release_code import (
     INDEXER_WRAPPER,
     MLA_WRAPPER,
@@ -37,9 +37,10 @@ from pcpcheck.worker.release_code import (
     manager_view,
     release_from_spec,
 )
+from pcpcheck.worker.release_config import regime_configs
 from pcpcheck.worker.release_excerpts import step_order
 from pcpcheck.worker.runner import CollectiveAborted, RankOutcome
-from pcpcheck_spec.names import DRAFT_REGIMES, SHARDED
+from pcpcheck_spec.names import DCP, DRAFT_REGIMES, SHARDED, Batch
 
 # Which entry a case drives, by its tensor count: the indexer wrapper carries k, the MLA wrapper
 # (kv_c_normed, k_pe), and three tensors go to the gather itself.
@@ -51,19 +52,22 @@ def _entry_name(release: Release, num_tensors: int) -> str:
     return name if name and hasattr(release.gather_module, name) else release.gather.function_name
 
 
-def _call_entry(release: Release, name: str, tensors, slots, nd: int, shard: bool):
-    """Call the release's entry as its callers do; returns ((tensors...), slot_mapping)."""
+def _call_entry(release: Release, name: str, tensors, slots, nd: int, shard: bool,
+                batch: Batch):
+    """Call the release's entry as its callers do; returns ((tensors...), slot_mapping). A
+    wrapper gets the arguments its layers pass (release_calls), what they read from the
+    configuration evaluated on the regime's (release_config)."""
     if name == release.gather.function_name:
         return release.gather.call(tuple(tensors), slots, nd, shard)
-    function = getattr(release.gather_module, name)
-    kwargs = {"slot_mapping": slots, "num_decode_tokens": nd, "use_pcp": True}
-    if release.caps.wrapper_shard_keyword:
-        kwargs[release.caps.wrapper_shard_keyword] = shard
-    if name == MLA_WRAPPER:
-        kv_c, k_pe, out_slots = function(kv_c_normed=tensors[0], k_pe=tensors[1], **kwargs)
-        return (kv_c, k_pe), out_slots
-    k, out_slots = function(k=tensors[0], **kwargs)
-    return (k,), out_slots
+    assert release.space is not None  # a loaded release keeps its space
+    configs = regime_configs(release.space, batch.regime, batch.pcp_size,
+                             reference.dcp_size(batch), batch.interleave, batch.block_size)
+    call, parallel = release.calls[name], configs.parallel
+    if call.shard in call.config and bool(call.evaluate(parallel)[call.shard]) != shard:
+        parallel = configs.modelled_parallel  # a regime no configuration of it makes (adapted)
+    args, kwargs = call.arguments((*tensors, slots, nd), parallel)
+    *rows, out_slots = getattr(release.gather_module, name)(*args, **kwargs)
+    return tuple(rows), out_slots
 
 
 def rank_layout(case: Case, release: Release, rank: int) -> dict:
@@ -131,8 +135,10 @@ def _call(release: Release, case: Case, report: dict, slot_map: list[int]) -> bo
     slots = torch.tensor(slot_map, dtype=torch.int64)
     report["inputs"] = (tensors, slots, report["nd"])
     try:
-        report["value"] = _call_entry(release, report["entry"], tensors, slots, report["nd"],
-                                      report["shard"])
+        dcp = current_group() if case.batch.regime == DCP else SOLO  # D = P in dcp
+        with bound_dcp(dcp):
+            report["value"] = _call_entry(release, report["entry"], tensors, slots,
+                                          report["nd"], report["shard"], case.batch)
     except CollectiveAborted:
         return False  # the trace already records the collective that never completed (COLLECTIVE)
     except Exception as exc:  # noqa: BLE001 - the release's verdict, judged as RETURNS

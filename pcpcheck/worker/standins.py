@@ -77,7 +77,8 @@ if TYPE_CHECKING:
 STANDIN_ROOT = "vllm"
 # What only the kernels extra installs (pyproject.toml), and the hint a report gives where one
 # is missing.
-KERNELS_EXTRA = frozenset({"triton", "packaging", "regex", "psutil", "cachetools", "pydantic"})
+KERNELS_EXTRA = frozenset({"triton", "packaging", "regex", "psutil", "cachetools", "pydantic",
+                           "pydantic_core"})
 INSTALL_KERNELS = "pip install 'pcpcheck[kernels]'"
 # What a module of a release's own tree may import besides the standard library and vllm.*:
 # pcpcheck's dependencies and its kernels extra's.
