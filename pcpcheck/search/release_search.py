@@ -64,7 +64,11 @@ def era_case(case: Case, caps: Capabilities, empty_steps: bool = False) -> Case 
     """A drawn case as the release would see it: requests in its batch order, graph padding only
     where it has it (the same extra rows over the widest rank of its own era's layout), one query
     token per decode where it rejects drafts, an interleave size it accepts (else its default),
-    and no empty step unless asked (None: not a step this release runs)."""
+    no empty step unless asked (None: not a step this release runs), and tensors its layers pass
+    a wrapper: the MLA latent cache's two at most (a third drawn is dropped), where it has the
+    wrappers."""
+    if caps.wrappers and len(case.tensors) > 2:
+        case = dataclasses.replace(case, tensors=case.tensors[:2])
     batch = case.batch
     empty = not any(r.num_tokens for r in batch.requests)
     if empty and not empty_steps:

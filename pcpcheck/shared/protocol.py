@@ -172,6 +172,9 @@ class Capabilities:
     interleave_default: int = 1
     interleave_divisors: bool = True
     not_applicable: dict[str, str] = field(default_factory=dict)  # regime -> reason
+    # the wrappers it has: every step enters through one (one tensor: the indexer's K; two: the
+    # MLA latent cache), as its layers call them
+    wrappers: tuple[str, ...] = ()
 
     def replicated_group_call(self, regime: str) -> bool:
         """Whether a step of `regime` calls the gather a second time, for the second KV group,

@@ -1,5 +1,5 @@
 """The deployment vLLM's PCP code is written for, modelled on CPU: a CUDA platform, one GPU per
-rank (../shared/docs/pcp-semantics.md section 11). A worker process enters it at its first load
+rank (docs/semantics.md section 11). A worker process enters it at its first load
 (`enter`), so every load and every step of every mode runs in it (a file, alone or in its tree,
 `--async`, a release's path), and a question the code asks about its world gets a deployment's
 answer, never the checker's machine's:

@@ -308,7 +308,8 @@ def _capabilities(manager, gather, calls: dict[str, WrapperCall], space: StandIn
         gather_shard=gather.accepts_shard,
         wrapper_shard_keyword=", ".join(shards) or None,
         graph_padding="padded_num_tokens" in layout,
-        replicated_method=hasattr(manager, "replicated_requests"))
+        replicated_method=hasattr(manager, "replicated_requests"),
+        wrappers=tuple(calls))
     if not caps.manager_shards:
         caps.not_applicable[SHARDED] = ("its PCPManager has no shard_decode_requests: decodes "
                                         "are never sharded")

@@ -84,7 +84,59 @@ def import_triton():
     except ImportError:
         return None
     _cast_masks_to_bool(interpreter)
+    _patch_language_once(interpreter, tl)
     return triton, tl
+
+
+def _patch_language_once(interpreter, tl) -> None:
+    """triton's interpreter patches triton.language for every kernel launch and every call of a
+    jit helper (`_patch_lang`), finding its builtins anew each time (inspect.getmembers over
+    the language modules: most of a small launch's CPU). The patches it makes are found once
+    per set of language modules a kernel sees, then replayed on each launch and restored after
+    it, as before: outside a launch the language stays as triton left it. A helper called
+    while they are on (inside a launch) patches nothing new: they are on already."""
+    if getattr(interpreter, "_pcpcheck_patched_once", False):
+        return
+    patch_lang = interpreter._patch_lang
+    found: dict[tuple[int, ...], list[tuple[Any, str, Any]]] = {}  # langs -> (obj, name, value)
+    applied = [0]  # replays on and not restored
+
+    class Replayed:
+        def __init__(self, patches):
+            self._originals = [(obj, name, getattr(obj, name, interpreter._MISSING))
+                               for obj, name, _ in patches]
+            for obj, name, value in patches:
+                setattr(obj, name, value)
+            applied[0] += 1
+
+        def restore(self) -> None:
+            for obj, name, original in reversed(self._originals):
+                if original is interpreter._MISSING:
+                    delattr(obj, name)
+                else:
+                    setattr(obj, name, original)
+            applied[0] -= 1
+
+    class AlreadyOn:
+        def restore(self) -> None:
+            pass
+
+    def replayed_patch_lang(fn):
+        if applied[0]:
+            return AlreadyOn()
+        langs = tuple(id(value) for value in fn.__globals__.values()
+                      if value is tl or value is tl.core)
+        patches = found.get(langs)
+        if patches is None:
+            scope = patch_lang(fn)  # triton's own: what it patches, with the values it sets
+            patched = dict.fromkeys((obj, name) for obj, name, _ in scope._changes)
+            patches = [(obj, name, getattr(obj, name)) for obj, name in patched]
+            scope.restore()
+            found[langs] = patches
+        return Replayed(patches)
+
+    interpreter._patch_lang = replayed_patch_lang
+    interpreter._pcpcheck_patched_once = True
 
 
 def _cast_masks_to_bool(interpreter) -> None:

@@ -54,9 +54,10 @@ def path_table(source, gather_path: str, unkerneled: str, has_wrappers: bool, un
         real(SPLIT_STAGE, BACKEND_UTILS, f"{SPLIT} alone, with the MLA builder's defaults "
                                          f"under PCP: {flags}; {expanded_only}")
         if not unsplit else modeled(SPLIT_STAGE, f"{unsplit}: the rank's leading decode rows"),
-        real(WRAPPER, gather_path, "steps of one tensor (the indexer's K) or two (the MLA "
-                                   "latent cache); steps of three tensors call the gather "
-                                   "directly") if has_wrappers else modeled(
+        real(WRAPPER, gather_path, "called as its layers call it: one tensor through the "
+                                   "indexer's (k cut to the slot map's tokens first, as "
+                                   "sparse_attn_indexer.py does: restated), two through the "
+                                   "MLA latent cache's") if has_wrappers else modeled(
             WRAPPER, f"not reached: {gather_path} has no wrapper, cases call the gather"),
         real(GATHER_STAGE, gather_path),
         modeled(CACHE_WRITE, "a C op (concat_and_cache_mla), not run on CPU: the kernel rule of "

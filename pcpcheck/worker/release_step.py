@@ -62,6 +62,12 @@ def _call_entry(release: Release, name: str, tensors, slots, nd: int, shard: boo
     assert release.space is not None  # a loaded release keeps its space
     configs = regime_configs(release.space, batch.regime, batch.pcp_size,
                              reference.dcp_size(batch), batch.interleave, batch.block_size)
+    if name == INDEXER_WRAPPER:  # its caller's preparation (sparse_attn_indexer.py, restated):
+        # k cut to the slot map's tokens, per rank where the map is expanded past k's rows
+        tokens = slots.shape[0]
+        if tokens > tensors[0].shape[0]:
+            tokens //= batch.pcp_size
+        tensors = (tensors[0][:tokens],)
     call, parallel = release.calls[name], configs.parallel
     if call.shard in call.config and bool(call.evaluate(parallel)[call.shard]) != shard:
         parallel = configs.modelled_parallel  # a regime no configuration of it makes (adapted)
