@@ -23,12 +23,17 @@ def current_group():
 
 
 @contextlib.contextmanager
-def bound_group(group):
-    token = _group.set(group)
+def _bound(variable: contextvars.ContextVar, value):
+    token = variable.set(value)
     try:
-        yield group
+        yield value
     finally:
-        _group.reset(token)
+        variable.reset(token)
+
+
+def bound_group(group):
+    """The calling rank's PCP group for the block."""
+    return _bound(_group, group)
 
 
 def current_dcp():
@@ -36,14 +41,9 @@ def current_dcp():
     return _dcp.get()
 
 
-@contextlib.contextmanager
 def bound_dcp(group):
     """The rank's DCP group for the block (its PCP group on a dcp step, else a one-rank group)."""
-    token = _dcp.set(group)
-    try:
-        yield group
-    finally:
-        _dcp.reset(token)
+    return _bound(_dcp, group)
 
 
 class SoloGroup:

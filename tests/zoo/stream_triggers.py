@@ -9,10 +9,12 @@ sharded regime's triggers are tests/zoo/async_fork.py's mutants).
 """
 
 import torch
-from vllm.distributed.parallel_state import get_pcp_group
+
+from tests.zoo.triggers import _gather_prefill_cache_inputs as _gather
 
 
 def _gather_prefill_cache_inputs(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
+    """triggers.py's gather (correct.py's, with fresh outputs) on a side stream."""
     return _on_side_stream(tensors, slot_mapping, num_decode_tokens, shard_decode_requests)
 
 
@@ -40,27 +42,3 @@ def _on_side_stream(tensors, slot_mapping, num_decode_tokens, shard_decode_reque
     if join:
         main.wait_stream(side)
     return out
-
-
-def _gather(tensors, slot_mapping, num_decode_tokens, shard_decode_requests=False):
-    """triggers.py's gather (correct.py's, with fresh outputs)."""
-    pcp_group = get_pcp_group()
-    world = pcp_group.world_size
-    num_rows = tensors[0].shape[0]
-    num_slots = slot_mapping.shape[0]
-    nd = num_decode_tokens
-    if num_slots <= num_rows:
-        rows = tuple(t[:num_slots] for t in tensors)
-        slots = slot_mapping[:num_slots]
-    elif shard_decode_requests or nd == 0:
-        rows = tuple(pcp_group.all_gather(t.contiguous(), dim=0) for t in tensors)
-        slots = slot_mapping[: world * num_rows]
-    elif nd == num_rows:
-        rows = tuple(tensors)
-        slots = slot_mapping[:num_rows]
-    else:
-        prefill = tuple(pcp_group.all_gather(t[nd:].contiguous(), dim=0) for t in tensors)
-        rows = tuple(torch.cat([t[:nd], g], dim=0) for t, g in zip(tensors, prefill))
-        blocks = slot_mapping[: world * num_rows].reshape(world, num_rows)
-        slots = torch.cat([slot_mapping[:nd], blocks[:, nd:].reshape(-1)])
-    return [t.clone() for t in rows], slots.clone()
