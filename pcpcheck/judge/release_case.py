@@ -110,8 +110,10 @@ def judge_release_case(case: Case, results, release: ReleaseInfo) -> ReleaseObse
     batch = case.batch
     expanded = batch.regime not in DRAFT_REGIMES
     caps = capabilities(release)
+    lay = reference.layout(batch, era=caps.era)
     prepared = _prepared(case, [s if s and not s.get("layout_error") else None for s in steps],
-                         reference.layout(batch, era=caps.era), caps.era)
+                         lay, caps.era)
+    expected = expected_views(batch, caps, lay) if expanded else None
     conforms = BY_ID[LAYOUT].predicate
     layout_bad, diffs, views = [], {}, []
     for rank, (result, step) in enumerate(zip(results, steps)):
@@ -124,12 +126,8 @@ def judge_release_case(case: Case, results, release: ReleaseInfo) -> ReleaseObse
                                   caches=[{} for _ in case.tensors],
                                   rows=[[] for _ in case.tensors]))
             continue
-        if expanded and step is not None:
-            want = expected_view(batch, caps.era, rank, caps.replicated_method,
-                                 caps.replicated_kv_group)
-            # the dummy request's tokens in each KV group's global map: no slot (compared only
-            # where the rank ran the kernel on one)
-            want["dummy_slots"] = [[-1] * dummy_tokens(batch, caps)] * 2
+        if expected is not None and step is not None:
+            want = expected(rank)
             if not conforms(want, step["layout"]):
                 layout_bad.append(rank)
                 diffs[rank] = differences(want, step["layout"])
@@ -226,9 +224,12 @@ def capabilities(release: ReleaseInfo) -> Capabilities:
     return Capabilities(**release.release["caps"])
 
 
-def reference_view(batch: Batch, era: str, with_replicated: bool = True) -> dict:
-    """The reference model's layout of `batch` in `era`, as every rank's manager must see it."""
-    lay = reference.layout(batch, era=era)
+def reference_view(batch: Batch, era: str, with_replicated: bool = True,
+                   lay: reference.Layout | None = None) -> dict:
+    """The reference model's layout of `batch` in `era`, as every rank's manager must see it
+    (`lay`: that layout, where the caller has it)."""
+    if lay is None:
+        lay = reference.layout(batch, era=era)
     pp, width = batch.pcp_size, lay.width
     n = sum(r.num_tokens for r in batch.requests)
     # gidx and wmask: an expanded regime's layout has them (a draft regime's has None)
@@ -247,20 +248,27 @@ def reference_view(batch: Batch, era: str, with_replicated: bool = True) -> dict
     return view
 
 
-def expected_expanded(batch: Batch, era: str, dcp_rank: int,
-                      second_replicated: bool = False) -> list[list[int]]:
-    lay = reference.layout(batch, era=era)
-    return [reference.expand_slot_mapping(lay.gidx, lay.wmask, group).tolist()
-            for group in global_maps(batch, dcp_rank, second_replicated)]
+def expected_views(batch: Batch, caps: Capabilities, lay: reference.Layout | None = None):
+    """rank -> the layout view rank `rank`'s manager must build: reference_view, the expanded
+    maps of its DCP rank (the second KV group replicated under DCP where the release shards per
+    group: Capabilities), and the dummy request's tokens in each KV group's global map: no slot
+    (compared only where the rank ran the kernel on one). The step's reference work is done
+    once: its layout (`lay`, where the caller has it), what every rank sees, and the expanded
+    maps once per DCP rank (the ranks of a D = 1 step share one)."""
+    if lay is None:
+        lay = reference.layout(batch, era=caps.era)
+    shared = reference_view(batch, caps.era, caps.replicated_method, lay)
+    shared["dummy_slots"] = [[-1] * dummy_tokens(batch, caps)] * 2
+    expanded: dict[int, list[list[int]]] = {}
 
+    def view(rank: int) -> dict:
+        dcp_rank = rank if batch.regime == DCP else 0
+        if dcp_rank not in expanded:
+            expanded[dcp_rank] = [
+                reference.expand_slot_mapping(lay.gidx, lay.wmask, group).tolist()
+                for group in global_maps(batch, dcp_rank, caps.replicated_kv_group)]
+        return {**shared, "expanded": expanded[dcp_rank]}
 
-def expected_view(batch: Batch, era: str, rank: int, with_replicated: bool,
-                  second_replicated: bool = False) -> dict:
-    """reference_view plus the expanded maps rank `rank`'s manager must build (the second KV
-    group replicated under DCP where the release shards per group: Capabilities)."""
-    view = reference_view(batch, era, with_replicated)
-    view["expanded"] = expected_expanded(batch, era, rank if batch.regime == DCP else 0,
-                                         second_replicated)
     return view
 
 

@@ -20,6 +20,7 @@ import enum
 import functools
 import inspect
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -44,7 +45,7 @@ from pcpcheck.worker.release_batch import (
     partition,
     partition_path,
 )
-from pcpcheck.worker.release_calls import WrapperCall, wrapper_calls
+from pcpcheck.worker.release_calls import CALLER_FILES, WrapperCall, wrapper_calls
 from pcpcheck.worker.release_config import MODEL_CONFIG, PARALLEL, regime_configs
 from pcpcheck.worker.release_excerpts import (
     BACKEND_UTILS,
@@ -161,9 +162,23 @@ class Release:
     def name(self) -> str:
         return f"vLLM {self.source.release}"
 
-    @property
-    def manager_params(self) -> set[str]:
+    @functools.cached_property
+    def manager_params(self) -> set[str]:  # read on every step: its signature once
         return set(_params(self.manager.__init__))
+
+    @functools.cached_property
+    def step_dummies(self) -> Callable[[Batch], int]:
+        """dummy_tokens(batch, caps): a reference layout, asked several times per rank and
+        step, made once per step."""
+        return functools.lru_cache(maxsize=16)(functools.partial(dummy_tokens, caps=self.caps))
+
+    @functools.cached_property
+    def step_global_maps(self) -> Callable[[Batch, int], np.ndarray]:
+        """global_maps(batch, dcp_rank) with the release's KV groups: the reference formula's
+        global slot maps where its kernels do not run, one per step and DCP rank (every rank of
+        a D = 1 step asks for the same)."""
+        return functools.lru_cache(maxsize=16)(functools.partial(
+            global_maps, second_replicated=self.caps.replicated_kv_group))
 
     @property
     def files(self) -> dict[str, str]:
@@ -357,6 +372,8 @@ def load_release(source: Source | str) -> Release:
             wrappers[name] = function
     calls = wrapper_calls(source, gather_path, wrappers,
                           {name: WRAPPER_DATA[name] for name in wrappers}, GATHER, SHARD)
+    adapted += [f"{name}: no call of it in {' or '.join(CALLER_FILES)}: no step enters through "
+                "it" for name in wrappers if name not in calls]
     adapted += [f"{call.wrapper} called as its layers call it ({', '.join(call.sites)}): "
                 + ", ".join([*call.positional, *(f"{k}=" for k in call.keywords)])
                 + "".join(f"; {parameter} = {expression}" for parameter, expression
@@ -395,7 +412,7 @@ def load_release(source: Source | str) -> Release:
                       calls=calls, space=space)
     _probe(release)
     release.paths = path_table(source, gather_path, kernels.reason if not kernels.real else "",
-                               bool(wrappers), unsorted, unsplit, caps.dummy_requests,
+                               bool(calls), unsorted, unsplit, caps.dummy_requests,
                                local_batches.reason)
     return release
 
@@ -435,7 +452,7 @@ def _probe(release: Release) -> None:
 
 def kernel_step(release, batch: Batch) -> bool:
     """Whether this step's slot maps come from the release's own kernels."""
-    dummies = 1 if dummy_tokens(batch, release.caps) else 0
+    dummies = 1 if release.step_dummies(batch) else 0
     return release.kernels.real and through_kernels(batch, reference.dcp_size(batch), dummies)
 
 
@@ -452,7 +469,7 @@ def make_manager(release, batch: Batch, rank: int):
         kwargs["shard_decode_requests"] = batch.regime == SHARDED
     kernels = kernel_step(release, batch)
     if kernels or release.partition.real:  # sizes its input buffers and slot-map buffers
-        dummies = dummy_tokens(batch, release.caps) if kernels else 0
+        dummies = release.step_dummies(batch) if kernels else 0
         max_tokens = max(sum(r.num_tokens for r in batch.requests) + dummies, batch.graph_size, 1)
         kwargs.update(max_num_reqs=max(len(batch.requests) + bool(dummies), 1),
                       max_num_tokens=max_tokens)
@@ -493,7 +510,7 @@ def manager_view(release, batch: Batch, rank: int) -> tuple[dict, LocalBatch]:
         view["replicated"] = [bool(v) for v in manager.replicated_requests(q, prefilling)]
     if kernel_step(release, batch):  # the release's kernels compute the global maps
         # a dummy request (idx_mapping -1) after the real ones, as a padded graph batch has
-        dummies = dummy_tokens(batch, release.caps)
+        dummies = release.step_dummies(batch)
         real = int(starts[-1])
         manager._global_batch = SimpleNamespace(
             idx_mapping=torch.tensor(list(range(len(q))) + [-1] * bool(dummies),
@@ -508,8 +525,8 @@ def manager_view(release, batch: Batch, rank: int) -> tuple[dict, LocalBatch]:
             view["dummy_slots"] = [[int(v) for v in row[real:real + dummies]]
                                    for row in _plain(release.kernels.last_global)]
     else:  # the reference formula's global maps (semantics section 3)
-        maps = torch.from_numpy(global_maps(batch, rank if batch.regime == DCP else 0,
-                                            release.caps.replicated_kv_group))
+        # each rank its own copy: the release's code may write into what it is given
+        maps = torch.tensor(release.step_global_maps(batch, rank if batch.regime == DCP else 0))
         expanded = manager._convert_to_gathered_slot_mappings(maps)
     view["expanded"] = [[int(v) for v in row] for row in _plain(expanded)]
     return view, local if local is not None else laid_out[rank]

@@ -21,12 +21,14 @@ inputs (the interpreter is slow; ranks of a D = 1 step compute the same map).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import inspect
 import os
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from pcpcheck.shared.errors import InterfaceDrift, LoadError
@@ -44,7 +46,10 @@ NO_TRITON = f"triton is not installed ({INSTALL_KERNELS})"
 MASK_CAST = ("triton interpreter: int8 masks (from `~sharded | is_local` over bool tensors) cast "
              "to bool in its masked load/store")
 ROW_SLACK = 8  # block-table entries past the longest request's blocks (zeros)
-CACHE_SIZE = 512  # filled BlockTables kept per worker process, by their exact step inputs
+# Filled BlockTables kept per worker process, by their exact step inputs (with their slot
+# kernels' results): a whole regime's at 1,000 steps, so the next regime's same steps
+# (sharded then replicated draw the same ones, D = 1 in both) reuse them; about 40 KB each.
+CACHE_SIZE = 2048
 # The interpreter runs a kernel's programs one by one (milliseconds each): a step goes through
 # the release's kernels when it has at most KERNEL_REQUESTS requests and its slot-kernel
 # programs over its distinct ranks (D ranks, each one per request, one for a dummy request and
@@ -85,7 +90,49 @@ def import_triton():
         return None
     _cast_masks_to_bool(interpreter)
     _patch_language_once(interpreter, tl)
+    _skip_inert_overflow_checks(interpreter, tl)
+    _memoize_numpy_dtypes(interpreter)
     return triton, tl
+
+
+def _skip_inert_overflow_checks(interpreter, tl) -> None:
+    """The interpreter checks every int32 add, sub and mul for overflow (sanitize_overflow:
+    both sides cast to int64, the op again, two compares) and hands the result to
+    device_assert, which asserts nothing unless its options say debug: the check then has no
+    effect but its cost (a quarter of a slot kernel's). Switched off only where this triton's
+    device_assert is shown to ignore a false condition (a version that asserts keeps it)."""
+    builder = interpreter.interpreter_builder
+    try:
+        if builder.options.debug or not builder.options.sanitize_overflow:
+            return
+        false = tl.tensor(interpreter.TensorHandle(np.array([False]), tl.int1), tl.int1)
+        interpreter.interpreter_semantic.device_assert(false, "pcpcheck probe", None)
+        builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
+    except (AttributeError, AssertionError, TypeError):
+        return  # not this triton's interpreter, or its device_assert asserts: checks stay
+
+
+def _memoize_numpy_dtypes(interpreter) -> None:
+    """The interpreter maps a triton type to its numpy dtype by building a dict of every type
+    on each call (about ten times per op); the answer depends only on the type's class and name
+    and, for a block or pointer, its element type's class: kept per those."""
+    to_numpy = interpreter._get_np_dtype
+    if getattr(to_numpy, "_pcpcheck_memoized", False):
+        return
+    known: dict[tuple, Any] = {}
+
+    def memoized(tt_dtype):
+        try:
+            key = (type(tt_dtype), tt_dtype.name, type(getattr(tt_dtype, "element_ty", None)))
+        except AttributeError:  # no triton type: triton's own answer (its error)
+            return to_numpy(tt_dtype)
+        found = known.get(key)
+        if found is None:
+            found = known[key] = to_numpy(tt_dtype)
+        return found
+
+    memoized._pcpcheck_memoized = True  # type: ignore[attr-defined]
+    interpreter._get_np_dtype = memoized
 
 
 def _patch_language_once(interpreter, tl) -> None:
@@ -94,20 +141,22 @@ def _patch_language_once(interpreter, tl) -> None:
     the language modules: most of a small launch's CPU). The patches it makes are found once
     per set of language modules a kernel sees, then replayed on each launch and restored after
     it, as before: outside a launch the language stays as triton left it. A helper called
-    while they are on (inside a launch) patches nothing new: they are on already."""
+    inside a launch that sees no other language module patches nothing: its patches are on
+    already (any other call is triton's own)."""
     if getattr(interpreter, "_pcpcheck_patched_once", False):
         return
     patch_lang = interpreter._patch_lang
-    found: dict[tuple[int, ...], list[tuple[Any, str, Any]]] = {}  # langs -> (obj, name, value)
-    applied = [0]  # replays on and not restored
+    found: dict[frozenset[int], list[tuple[Any, str, Any]]] = {}  # langs -> (obj, name, value)
+    on: list[frozenset[int]] = []  # the language modules of the replays not restored yet
 
     class Replayed:
-        def __init__(self, patches):
+        def __init__(self, langs: frozenset[int], patches: list[tuple[Any, str, Any]]):
+            self._langs = langs
             self._originals = [(obj, name, getattr(obj, name, interpreter._MISSING))
                                for obj, name, _ in patches]
             for obj, name, value in patches:
                 setattr(obj, name, value)
-            applied[0] += 1
+            on.append(langs)
 
         def restore(self) -> None:
             for obj, name, original in reversed(self._originals):
@@ -115,17 +164,18 @@ def _patch_language_once(interpreter, tl) -> None:
                     delattr(obj, name)
                 else:
                     setattr(obj, name, original)
-            applied[0] -= 1
+            on.remove(self._langs)
 
     class AlreadyOn:
         def restore(self) -> None:
             pass
 
     def replayed_patch_lang(fn):
-        if applied[0]:
-            return AlreadyOn()
-        langs = tuple(id(value) for value in fn.__globals__.values()
-                      if value is tl or value is tl.core)
+        langs = frozenset(id(value) for value in fn.__globals__.values()
+                          if value is tl or value is tl.core)
+        if on:  # a jit helper called inside a launch
+            return AlreadyOn() if langs and any(langs <= active for active in on) \
+                else patch_lang(fn)
         patches = found.get(langs)
         if patches is None:
             scope = patch_lang(fn)  # triton's own: what it patches, with the values it sets
@@ -133,7 +183,7 @@ def _patch_language_once(interpreter, tl) -> None:
             patches = [(obj, name, getattr(obj, name)) for obj, name in patched]
             scope.restore()
             found[langs] = patches
-        return Replayed(patches)
+        return Replayed(langs, patches)
 
     interpreter._patch_lang = replayed_patch_lang
     interpreter._pcpcheck_patched_once = True

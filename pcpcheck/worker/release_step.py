@@ -49,7 +49,7 @@ ENTRY_BY_TENSORS = {1: INDEXER_WRAPPER, 2: MLA_WRAPPER}
 
 def _entry_name(release: Release, num_tensors: int) -> str:
     name = ENTRY_BY_TENSORS.get(num_tensors)
-    return name if name and hasattr(release.gather_module, name) else release.gather.function_name
+    return name if name in release.calls else release.gather.function_name
 
 
 def _call_entry(release: Release, name: str, tensors, slots, nd: int, shard: bool,
