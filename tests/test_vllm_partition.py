@@ -42,15 +42,19 @@ def _violated(result) -> dict[str, set[str]]:
                          ids=["its-input-batch", "stand-in-input-batch"])
 def test_rows_out_of_order_violate_pairing(wheel_0_34, tmp_path, without_input_batch):
     """Each rank's K/V rows are the local batch's, reversed against the slot map: every cache
-    holds the wrong token at a slot (PAIRING; REPLICA where ranks are replicas, SHARD under DCP).
+    holds the wrong token at a slot (PAIRING; REPLICA where ranks are replicas, SHARD under DCP,
+    and REPLICA there too for the second KV group where its call runs).
     Without input_batch.py the global batch is pcpcheck's stand-in, with the same verdict."""
     root = checkout(wheel_0_34, tmp_path / "changed", ROWS_REVERSED)
     if without_input_batch:
         (root / INPUT_BATCH).unlink()
     result = check_release(root, regimes=EXPANDED, **OPTIONS)
     assert result.verdicts() == {regime: f"VIOLATED: {PAIRING}" for regime in EXPANDED}
+    # under DCP, REPLICA judges the second KV group's call, which runs where the release's
+    # block tables run (the kernels extra: Capabilities.replicated_kv_group)
+    replicated_group = {REPLICA} if result.release.capabilities["replicated_kv_group"] else set()
     assert _violated(result) == {SHARDED: {PAIRING, REPLICA}, REPLICATED: {PAIRING, REPLICA},
-                                 DCP: {PAIRING, SHARD, REPLICA}}
+                                 DCP: {PAIRING, SHARD, *replicated_group}}
     assert any(("StandInInputBatch" in note) == without_input_batch
                and note.startswith("PCPManager.partition_batch runs")
                for note in result.release.adapted), result.release.adapted
