@@ -18,7 +18,9 @@ parameter. A wrapper no layer calls is left out: no step enters through it.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -47,18 +49,21 @@ class WrapperCall:
     data: tuple[str, ...] = ()
     shard: str | None = None
 
-    def arguments(self, data: tuple, parallel_config) -> tuple[list, dict]:
+    def arguments(self, data: tuple, configured: dict[str, object]) -> tuple[list, dict]:
         """(args, kwargs) of the call the callers make: `data` for the data parameters, the
-        configuration's values on `parallel_config` for the rest."""
-        values = dict(zip(self.data, data, strict=True))
-        values.update(self.evaluate(parallel_config))
+        configuration's values (`evaluate`) for the rest."""
+        values = {**dict(zip(self.data, data, strict=True)), **configured}
         return [values[p] for p in self.positional], {p: values[p] for p in self.keywords}
 
     def evaluate(self, parallel_config) -> dict[str, object]:
-        """Each configuration parameter's value on `parallel_config` (the regime's)."""
-        # the tree's own expression of its configuration, evaluated on the regime's
-        return {parameter: eval(compile(expression, "<caller>", "eval"),
-                                {CONFIG: parallel_config})
+        """Each configuration parameter's value on `parallel_config` (the regime's): the tree's
+        own expression of it, compiled once per load."""
+        return {parameter: eval(code, {CONFIG: parallel_config})
+                for parameter, code in self._compiled.items()}
+
+    @functools.cached_property
+    def _compiled(self) -> dict[str, types.CodeType]:
+        return {parameter: compile(expression, "<caller>", "eval")
                 for parameter, expression in self.config.items()}
 
 

@@ -68,10 +68,12 @@ def _call_entry(release: Release, name: str, tensors, slots, nd: int, shard: boo
         if tokens > tensors[0].shape[0]:
             tokens //= batch.pcp_size
         tensors = (tensors[0][:tokens],)
-    call, parallel = release.calls[name], configs.parallel
-    if call.shard in call.config and bool(call.evaluate(parallel)[call.shard]) != shard:
-        parallel = configs.modelled_parallel  # a regime no configuration of it makes (adapted)
-    args, kwargs = call.arguments((*tensors, slots, nd), parallel)
+    call = release.calls[name]
+    configured = call.evaluate(configs.parallel)
+    if call.shard in configured and bool(configured[call.shard]) != shard:
+        # a regime no configuration of it makes (adapted): the model's answers
+        configured = call.evaluate(configs.modelled_parallel)
+    args, kwargs = call.arguments((*tensors, slots, nd), configured)
     *rows, out_slots = getattr(release.gather_module, name)(*args, **kwargs)
     return tuple(rows), out_slots
 
