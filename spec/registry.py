@@ -31,7 +31,6 @@ from .names import (
     PAIRING,
     REGIMES,
     REPLICA,
-    REPLICATED,
     RETURNS,
     SHARD,
     SHARDED,
@@ -102,8 +101,8 @@ _D1 = tuple(regime for regime in REGIMES if regime != DCP)  # every rank holds a
 REGISTRY: tuple[Invariant, ...] = (
     # Judged in the driver of `pcpcheck vllm` on each rank's manager view
     # (pcpcheck.judge.release_case), not by `evaluate`: the Step of a gather call has no layout.
-    # Drafts use no manager.
-    Invariant(LAYOUT, inv.layout_conformance, PER_MANAGER, (SHARDED, REPLICATED, DCP),
+    # Drafts use no manager: a draft step's is the map its release's draft path computes.
+    Invariant(LAYOUT, inv.layout_conformance, PER_MANAGER, REGIMES,
               lambda expected, actual: (expected, actual), checkers=(RELEASE,)),
     Invariant(RETURNS, inv.returns, PER_RANK, REGIMES,
               lambda step, r: ([step.ranks[r].error],)),

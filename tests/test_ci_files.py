@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fresh_env import ROOT, copy_tracked, make_venv, venv_env, vllm_checkout
+from fresh_env import GATHER_FILE, ROOT, copy_tracked, make_venv, venv_env, vllm_checkout
 
 ACTION = yaml.safe_load((ROOT / "action.yml").read_text())
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -136,6 +136,20 @@ def test_the_actions_mode_input(action, tmp_path):
     step = run_step("pcpcheck vllm", venv, checkout, action_path, mode="sometimes")
     assert (step["code"], step["outputs"]) == (2, {"exit-code": "2"})
     assert "::error::pcpcheck: mode must be random or exhaustive, got 'sometimes'" in step["out"]
+
+
+def test_the_actions_changed_against_input_puts_the_lines_not_exercised_in_the_job_summary(
+        action, tmp_path):
+    venv, action_path = action
+    base, checkout = vllm_checkout(tmp_path / "base"), vllm_checkout(tmp_path / "vllm")
+    with (checkout / GATHER_FILE).open("a") as gather:  # a function no step calls
+        gather.write("\n\ndef pcpcheck_uncalled():\n    return 0\n")
+    step = run_step("pcpcheck vllm", venv, checkout, action_path, regimes="replicated",
+                    max_examples="20", changed_against=str(base))
+    assert step["code"] == 0, step["out"][-3000:]
+    assert f" --changed-against {base}" in step["out"].splitlines()[0]
+    assert f"#### Changed lines against `{base}`" in step["summary"], step["summary"]
+    assert f"- `{GATHER_FILE}:" in step["summary"] and "in `pcpcheck_uncalled`" in step["summary"]
 
 
 def test_the_hooks_run_on_the_pcp_files_only():

@@ -245,7 +245,7 @@ def test_a_correct_release_reads_the_same_way(capsys):
     scope = " ".join(rows[manager + 1].split())  # the fixture's manager has no partition_batch
     assert scope.startswith("on 5 of 10 steps (sharded 5/5, draft 0/5): _build_batch_layout "
                             "alone (partition_batch not run: ") and scope.endswith(
-        "; expanded regimes; draft steps take the reference's unexpanded map"), scope
+        f"; {MANAGER_SCOPE}"), scope
     # every step enters through a wrapper, as the layers call them, and the gather: no count
     for stage in ("    wrapper ", "    gather "):
         row = next(i for i, row in enumerate(rows) if row.startswith(stage))
@@ -256,7 +256,7 @@ def test_a_correct_release_reads_the_same_way(capsys):
 # --- 6. every n/a of a verdict table says why -----------------------------------------------------
 
 NO_SHARD_FLAG = "the gather has no shard_decode_requests parameter"
-MANAGER_SCOPE = "expanded regimes; draft steps take the reference's unexpanded map"
+MANAGER_SCOPE = "expanded regimes; a later draft step runs on the global batch, which no manager lays out"
 
 
 def _result(regimes, ids, *, counterexamples=(), release=None) -> CheckResult:
@@ -313,19 +313,27 @@ def test_every_na_cell_carries_its_reason_as_a_footnote_in_every_table():
     assert skip_reason(result, result.summary(SHARDED), REPLICA, "n/a") == notes[0][4:]
 
 
-def test_layout_under_draft_says_from_the_path_table_that_no_manager_lays_it_out():
-    """A release's LAYOUT is n/a under draft: the reason is its path table's manager stage."""
-    from pcpcheck.shared.protocol import MANAGER_STAGE
+def test_layout_under_draft_says_from_the_path_table_that_no_map_was_the_releases():
+    """A release's LAYOUT under draft, checked on no step: the reason is its path table's slot
+    mapping stage (no speculator call of its own, or no kernels: the reference's map)."""
+    import dataclasses
+
+    from pcpcheck.shared.protocol import SLOT_MAPPING
     from pcpcheck.shared.results import PathStage, ReleaseRecord
     from pcpcheck_spec.names import LAYOUT
     from pcpcheck_spec.registry import RELEASE_IDS
-    manager = PathStage(stage=MANAGER_STAGE, status="real", file="vllm/v1/worker/gpu/pcp_manager.py",
-                        sha256="0" * 64, reason=MANAGER_SCOPE)
+    why = "triton is not installed: the reference formula (semantics section 3)"
+    slots = PathStage(stage=SLOT_MAPPING, status="modeled", file=None, sha256=None, reason=why)
     release = ReleaseRecord(release="0.34.0", kind="wheel", location="w.whl", files=(),
-                            adapted=(), layout_model="0.30", paths=(manager,))
+                            adapted=(), layout_model="0.30", paths=(slots,))
     result = _result([SHARDED, DRAFT], RELEASE_IDS, release=release)
-    reason = (f"{LAYOUT} under {DRAFT}: its steps are not laid out by the release's manager "
-              f"(path table, manager: {MANAGER_SCOPE})")
+    draft = result.summary(DRAFT)
+    unchecked = tuple(InvariantCount(c.invariant, 0 if c.invariant == LAYOUT else c.checked, 0)
+                      for c in draft.invariants)
+    result = dataclasses.replace(result, regimes=(result.regimes[0], dataclasses.replace(
+        draft, invariants=unchecked)))
+    reason = (f"{LAYOUT} under {DRAFT}: no manager lays a draft step out, and none of its maps "
+              f"was the release's own (path table, {SLOT_MAPPING}: modeled, {why})")
     assert report.not_applicable_reason(result, result.summary(DRAFT), LAYOUT) == reason
     markdown = summary_markdown(result)
     assert f"| {LAYOUT} | 30 ok | n/a [1] |" in markdown and f"- [1] {reason}\n" in markdown
@@ -336,9 +344,9 @@ def test_a_release_report_gives_layout_under_draft_its_reason(capsys):
                  "--max-examples", "5", "--max-ranks", "2"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^LAYOUT +\d+ ok +n/a \[(\d)\]$", out, re.M), out
-    assert re.search(r"^\[\d\] LAYOUT under draft: its steps are not laid out by the release's "
-                     r"manager \(path table, manager: .*; expanded regimes; draft steps take the "
-                     r"reference's unexpanded map\)$", out, re.M), out
+    assert re.search(r"^\[\d\] LAYOUT under draft: no manager lays a draft step out, and none "
+                     r"of its maps was the release's own \(path table, block tables / slot "
+                     r"mapping: (real|modeled), ", out, re.M), out
 
 
 # --- 7. the summary says where the rest of each counterexample is -------------------------------

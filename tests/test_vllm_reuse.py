@@ -1,12 +1,14 @@
 """What the release path keeps between launches, ranks and steps gives what fresh work gives
 (issue 45): triton's interpreter patches found once and replayed per launch, its overflow checks
-skipped where they assert nothing, the worker's per-step facts and the driver's reference work
-made once per step. Each test compares against the fresh computation, never a time.
+skipped where they assert nothing, each builtin's type-level work planned once per signature
+(pcpcheck.worker.release_interpreter), the worker's per-step facts and the driver's reference
+work made once per step. Each test compares against the fresh computation, never a time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
 import types
 
 import numpy as np
@@ -107,7 +109,7 @@ def test_overflow_checks_are_skipped_only_where_they_assert_nothing():
     without. Where device_assert does assert, the checks stay on."""
     from triton.runtime import interpreter
 
-    from pcpcheck.worker import release_kernels
+    from pcpcheck.worker import release_interpreter
 
     tl, kernel = _kernels()
     builder = interpreter.interpreter_builder
@@ -129,25 +131,65 @@ def test_overflow_checks_are_skipped_only_where_they_assert_nothing():
             skipped, sanitize_overflow=True)),
         interpreter_semantic=types.SimpleNamespace(device_assert=asserting),
         TensorHandle=interpreter.TensorHandle)
-    release_kernels._skip_inert_overflow_checks(strict, tl)
+    release_interpreter._skip_inert_overflow_checks(strict, tl)
     assert strict.interpreter_builder.options.sanitize_overflow
+
+
+def _plans():
+    from triton.runtime import interpreter
+
+    return interpreter._pcpcheck_plans
+
+
+@pytest.mark.kernels
+def test_planned_builtins_compute_what_triton_computes():
+    """Launches with plans (each builtin's first call per signature recorded, its builder calls
+    replayed on later calls' handles) equal the same launches by triton's own builtins, over
+    many inputs: int32 wrapping, a jit helper, a handle given twice, an int64 promotion, a
+    where, a loop on a loaded bound, and a scalar `other` whose value the interpreter's load
+    reads to decide whether one is given (that call is never planned: a plan of it made with
+    `other` 0 would fill 0 where 5 is asked)."""
+    _, scale = _kernels()
+    from tests import interpreted_kernels
+
+    plans = _plans()
+    rng = np.random.default_rng(45)
+
+    def launches(values: list[int], factor: int, shift: int, other: int) -> list[list[int]]:
+        src = torch.tensor(values, dtype=torch.int32)
+        picked, scalars = torch.zeros(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int32)
+        interpreted_kernels.mixed[(2,)](src, picked, len(values), shift, BLOCK=4)
+        interpreted_kernels.scalar_other[(8,)](src, scalars, len(values), other)
+        return [_launch(scale, values, factor), picked.tolist(), scalars.tolist()]
+
+    recorded = plans.recorded
+    for trial in range(40):
+        values = rng.integers(-2**31, 2**31, size=int(rng.integers(1, 8))).tolist()
+        values[0] = int(rng.integers(0, 9))  # the loop's bound
+        factor, shift = int(rng.integers(-9, 9)), int(rng.integers(-2**40, 2**40))
+        other = (0, 5, -3)[trial % 3]
+        with plans.off():
+            own = launches(values, factor, shift, other)
+        assert launches(values, factor, shift, other) == own, trial
+    assert plans.recorded > recorded  # the launches were planned: each signature once
+    assert plans.recorded - recorded < 40 * 10
 
 
 # --- the worker: a release's steps one after another ----------------------------------------
 
 
 @pytest.mark.kernels
-def test_a_step_after_other_steps_is_laid_out_as_the_first_time(wheel_0_34):
+def test_a_step_after_other_steps_is_laid_out_as_the_first_time(release_0_34):
     """The worker's manager views of steps through the release's kernels (filled tables and
     results kept, per-step facts kept, interpreter patches replayed), asked again after the
     other steps, rank order reversed, equal the first ones, and each equals the reference's
     (LAYOUT: 0.34.0 holds, so a view left stale by an earlier step would differ)."""
-    from pcpcheck.worker.release_code import kernel_step, load_release, manager_view
+    from pcpcheck.worker.release_code import kernel_step, manager_view
 
     # the sharded step again as replicated: D = 1 in both, its filled block tables and slot
     # kernel results reused
     steps = [*STEPS, dataclasses.replace(STEPS[2], regime=REPLICATED)]
-    release = load_release(str(wheel_0_34))
+    release = release_0_34
     assert all(kernel_step(release, step) for step in steps)
     seen = [[manager_view(release, step, rank) for rank in range(step.pcp_size)]
             for step in steps]
@@ -160,6 +202,53 @@ def test_a_step_after_other_steps_is_laid_out_as_the_first_time(wheel_0_34):
         expected = expected_views(step, release.caps)
         for rank, (view, _) in enumerate(views):
             assert layout_conformance(expected(rank), view), (step, rank)
+
+
+@pytest.fixture(scope="module")
+def release_0_34(wheel_0_34):
+    """0.34.0 loaded once for the module (a process loads a release's modules once: torch
+    keeps what they register)."""
+    from pcpcheck.worker.release_code import load_release
+
+    return load_release(str(wheel_0_34))
+
+
+def _drawn_steps(release, count: int, seed: int) -> list[Batch]:
+    """`count` steps of the expanded regimes as the strategy draws them and the release would
+    see them (its era, its batch order), P <= 4."""
+    from pcpcheck.search.draw import draw_case
+    from pcpcheck.search.release_search import era_case
+    from pcpcheck.worker.release_step import in_release_order
+
+    rng, steps = random.Random(seed), []
+    while len(steps) < count:
+        drawn, _ = draw_case(rng, regimes=(SHARDED, REPLICATED, DCP), max_ranks=4)
+        case = era_case(drawn, release.caps)
+        if case is not None:
+            steps.append(in_release_order(case, release)[0].batch)
+    return steps
+
+
+@pytest.mark.kernels
+def test_the_release_kernels_planned_lay_steps_out_as_triton_own(release_0_34):
+    """Every rank's manager view of 60 drawn steps (graph padding and its dummy request,
+    interleaves, both KV groups), made with plans and made by triton's own builtins, each from
+    empty caches (no filled block tables, no kernel result kept), are equal: the slot kernel and
+    the staged writes that fill the block tables, as 0.34.0 ships them."""
+    from pcpcheck.worker.release_code import kernel_step, manager_view
+
+    release = release_0_34
+    steps = _drawn_steps(release, 60, seed=45)
+    assert all(kernel_step(release, step) for step in steps)
+
+    def views():
+        release.kernels._filled.clear()
+        return [[manager_view(release, step, rank) for rank in range(step.pcp_size)]
+                for step in steps]
+
+    with _plans().off():
+        own = views()
+    assert _plain(views()) == _plain(own)
 
 
 def _plain(views) -> list:

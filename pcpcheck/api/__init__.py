@@ -11,6 +11,7 @@ JUnit, HTML and reproducers are renderings of a result, pcpcheck.shared.results)
 
 - target.py: a gather implementation (check, diff, replay_case, replay);
 - release.py: a vLLM release (check_release, check_steps, replay_release);
+- trees.py: two vLLM trees on the same steps, stage by stage (diff_trees, replay_tree_diff);
 - merge.py: the results of a run split N ways (--shard K/N) joined into one (merge);
 - common.py: what every call shares (options checked, a backend started, the regimes one after
   another under one budget, one case's result); assemble.py: search results -> CheckResult;
@@ -28,6 +29,7 @@ from pcpcheck.api.release import (
     replay_release,
 )
 from pcpcheck.api.target import check, default_jobs, diff, replay, replay_case
+from pcpcheck.api.trees import diff_trees, diffs_trees, replay_tree_diff
 from pcpcheck.shared.errors import (
     CheckerError,
     InterfaceDrift,
@@ -43,12 +45,15 @@ from pcpcheck.shared.results import (
     Options,
     RegimeDiff,
     RegimeSummary,
+    RegimeTreeDiff,
     ReleaseRecord,
+    TreeDiffResult,
     Verdict,
     version,
 )
 
-__all__ = ["check", "check_release", "check_steps", "diff", "merge", "replay", "replay_case",
+__all__ = ["check", "check_release", "check_steps", "diff", "diff_trees", "diffs_trees",
+           "replay_tree_diff", "TreeDiffResult", "RegimeTreeDiff", "merge", "replay", "replay_case",
            "replay_release", "read_case", "release_record", "release_info", "default_jobs",
            "prefork", "use_cache_dir", "torchrun_session", "Progress", "CheckResult",
            "Counterexample", "DiffResult", "RegimeDiff", "RegimeSummary", "ReleaseRecord",

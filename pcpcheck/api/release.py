@@ -20,6 +20,7 @@ from pcpcheck.api.common import (
 )
 from pcpcheck.judge.baseline import Baseline, load_baseline
 from pcpcheck.search import scope as scopes
+from pcpcheck.shared.changed import CHANGED_LINES, Changes
 from pcpcheck.shared.defaults import DEFAULT_MAX_RANKS, DEFAULT_RELEASE_EXAMPLES, DEFAULT_TIMEOUT
 from pcpcheck.shared.protocol import RELEASE, LinesRun
 from pcpcheck.shared.results import CheckResult, FileLines, Options, PathStage, ReleaseRecord
@@ -31,7 +32,7 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
                   timeout: float = DEFAULT_TIMEOUT, empty_steps: bool = False,
                   baseline: str | os.PathLike | None = None,
                   progress: Progress | None = None, exhaustive: bool = False,
-                  scope=None, shard=None) -> CheckResult:
+                  scope=None, shard=None, changed_against: str | None = None) -> CheckResult:
     """Check a vLLM release's own PCP path (`pcpcheck vllm SOURCE`): its PCPManager's layout
     (LAYOUT) and its gather and wrappers on every rank, per regime it can reach.
 
@@ -39,7 +40,8 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
     a checkout, or 'installed'. The release is read and fetched here, but loaded and run only in
     the backend's worker process. baseline: known violations, as for `check`; exhaustive,
     scope: as `check`'s (each step in the release's batch order, each distinct one once);
-    shard: as `check`'s.
+    shard: as `check`'s. changed_against: BASE, a git revision of the checkout or a second tree
+    (pcpcheck.api.changed_against): the record's `changes` says which changed lines ran.
     Raises UsageError, SourceError, InterfaceDrift (LoadError's), WorkerError.
     """
     from pcpcheck.judge.explain import release_counterexample as counterexample
@@ -58,10 +60,17 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
     validate(options)
     known = load_baseline(options.baseline) if options.baseline else Baseline(options.baseline, ())
     bounds = None if options.scope is None else scopes.parse_scope(options.scope)
-    spec = resolve(os.fspath(source)).spec()  # finds or fetches the files; executes nothing
+    tree = resolve(os.fspath(source))  # finds or fetches the files; executes nothing
+    spec = tree.spec()
+    changes = None
+    if changed_against is not None:  # a bad BASE stops here, before anything runs
+        from pcpcheck.api.changed_against import changes_against
+        changes = changes_against(tree, changed_against)
     progress = progress or Progress()
     with make_runner("threads", timeout=timeout, world_sizes=None, device="cpu") as backend:
         release = release_info(backend, spec)
+        if changes is not None:
+            release, changes = _watching(backend, release, spec, tree, changes)
         progress.started(release, options)
         results = one_after_another(
             options, progress, lambda regime, share, on_case, on_wait: search_regime(
@@ -72,7 +81,7 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
                            describe=lambda regime, observation, replays: (
                                replay_command(release, observation),
                                counterexample(release, regime, observation, replays)),
-                           release=release_record(release, backend.lines_run))
+                           release=release_record(release, backend.lines_run, changes))
 
 
 def release_info(backend, spec: dict):
@@ -80,9 +89,23 @@ def release_info(backend, spec: dict):
     return backend.load(json.dumps(spec, sort_keys=True), RELEASE)
 
 
-def release_record(release, lines_run: LinesRun | None = None) -> ReleaseRecord:
+def _watching(backend, release, spec: dict, tree, changes: Changes):
+    """(the release as its steps run it, `changes` located in its path's files): where the path's
+    files changed, the release loaded again with their changed lines, for the worker's line
+    recorder to trace every step until each has run (its modules are the worker's, loaded
+    once); only now are the path's files known."""
+    from pcpcheck.api.changed_against import locate
+    path = release.release.get("functions") or {}
+    changes = locate(changes, tree, path)
+    watch = changes.watch(path)
+    return (release_info(backend, {**spec, CHANGED_LINES: watch}) if watch else release), changes
+
+
+def release_record(release, lines_run: LinesRun | None = None,
+                   changes: Changes | None = None) -> ReleaseRecord:
     """The record of a release loaded (its ReleaseInfo), with the lines of its path's functions
-    that the run's steps ran (`lines_run`, as the backend merged its workers' reports)."""
+    that the run's steps ran (`lines_run`, as the backend merged its workers' reports) and the
+    lines a change touched (`changes`)."""
     info = release.release
     lines_run = lines_run or LinesRun()
     lines = tuple(FileLines(file=relpath, functions=tuple(functions),
@@ -94,7 +117,7 @@ def release_record(release, lines_run: LinesRun | None = None) -> ReleaseRecord:
                          capabilities=dict(info["caps"]),
                          paths=tuple(PathStage(**stage) for stage in info.get("paths") or ()),
                          lines=lines, lines_steps=lines_run.steps,
-                         lines_traced=lines_run.traced)
+                         lines_traced=lines_run.traced, changes=changes)
 
 
 def check_steps(source, steps, *, timeout: float = DEFAULT_TIMEOUT, shrink: bool = True):

@@ -5,11 +5,13 @@ and every error into one line and an exit code.
     pcpcheck                          check the bundled implementation in every regime
     pcpcheck check TARGET [options]   check a pcp.py file, a module:function, or `impl`
     pcpcheck diff OLD NEW [options]   run two versions on the same cases, report where they differ
+                                      (two vLLM trees: both whole paths, stage by stage)
     pcpcheck vllm SOURCE [options]    check a vLLM release's own PCP path on every rank
 
-Exit codes: 0 every invariant holds (diff: no difference), 1 a violation (diff: a difference),
-2 a usage or load error (one line on stderr, no traceback), 3 pcpcheck's own failure (one line;
-its traceback with --traceback), never a verdict.
+Exit codes: 0 every invariant holds (diff: no difference), 1 a violation (diff of two gathers: a
+difference; of two vLLM trees: a violation on either side), 2 a usage or load error (one line on
+stderr, no traceback), 3 pcpcheck's own failure (one line; its traceback with --traceback),
+never a verdict, 4 (diff of two vLLM trees) a difference with both sides holding every invariant.
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ from pcpcheck.render import report
 from pcpcheck.render.outputs import STDOUT, check_outputs, write_outputs
 from pcpcheck.render.progress import LinePrinter
 from pcpcheck.render.repro import write_release_reproducer
+from pcpcheck.render.tree_report import regime_line, tree_diff_text
+from pcpcheck.shared.defaults import DEFAULT_MAX_EXAMPLES, DEFAULT_RELEASE_EXAMPLES
+from pcpcheck.shared.errors import UsageError
 from pcpcheck.shared.results import unreached
 
 
@@ -107,7 +110,8 @@ def run_vllm(args) -> int:
                                max_ranks=args.max_ranks, seed=args.seed, budget_s=args.budget,
                                timeout=args.timeout, empty_steps=args.empty_steps,
                                baseline=args.baseline, progress=LinePrinter(),
-                               exhaustive=args.exhaustive, scope=args.scope, shard=args.shard)
+                               exhaustive=args.exhaustive, scope=args.scope, shard=args.shard,
+                               changed_against=args.changed_against)
     print(report.result_text(result))
     print(f"\n{result.target_name}: " + ", ".join(
         f"{regime} {text.split(':')[0]}" for regime, text in result.verdicts().items()))
@@ -119,6 +123,11 @@ def run_diff(args) -> int:
     """`pcpcheck diff`: print as each regime ends; --json after the verdict, never masking it."""
     check_outputs(args)
     api.use_cache_dir()
+    if api.diffs_trees(args.old, args.new):
+        return run_tree_diff(args)
+    for option in ("html", "replay"):
+        if getattr(args, option):
+            raise UsageError(f"--{option} applies where OLD and NEW are vLLM trees")
     print(f"pcpcheck diff: old {args.old}, new {args.new}")
 
     def show(regime) -> None:
@@ -130,11 +139,31 @@ def run_diff(args) -> int:
         if regime.report:
             print(regime.report)
 
-    result = api.diff(args.old, args.new, regimes=args.regimes, max_examples=args.max_examples,
+    result = api.diff(args.old, args.new, regimes=args.regimes,
+                      max_examples=args.max_examples or DEFAULT_MAX_EXAMPLES,
                       max_ranks=args.max_ranks, seed=args.seed, function=args.function,
                       timeout=args.timeout, on_regime=show)
     differences = sum(r.case is not None for r in result.regimes)
     print(f"\n{differences} regime(s) with a difference" if differences else "\nno difference found")
+    write_outputs(args, result)
+    return result.exit_code
+
+
+def run_tree_diff(args) -> int:
+    """`pcpcheck diff OLD NEW` for two vLLM trees (each in workers of its own): a line per
+    regime as it ends, then the differing steps side by side and the verdict."""
+    if args.function:
+        raise UsageError("--function names a gather target's function: OLD and NEW are vLLM trees")
+    print(f"pcpcheck diff: old {args.old}, new {args.new} (vLLM trees: the same steps through "
+          "both whole PCP paths, compared stage by stage)")
+    if args.replay:
+        result = api.replay_tree_diff(args.old, args.new, args.replay, timeout=args.timeout)
+    else:
+        result = api.diff_trees(args.old, args.new, regimes=args.regimes,
+                                max_examples=args.max_examples or DEFAULT_RELEASE_EXAMPLES,
+                                max_ranks=args.max_ranks, seed=args.seed, timeout=args.timeout,
+                                on_regime=lambda regime: print(regime_line(regime), flush=True))
+    print(tree_diff_text(result, with_regimes=bool(args.replay)))
     write_outputs(args, result)
     return result.exit_code
 

@@ -72,20 +72,22 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+def _add_common(parser: argparse.ArgumentParser, max_examples: int | None = DEFAULT_MAX_EXAMPLES,
+                unit: str = "cases") -> None:
     parser.add_argument("--function", help="name of the gather function in the target file")
-    _add_search(parser, DEFAULT_MAX_EXAMPLES, "cases")
+    _add_search(parser, max_examples, unit)
 
 
-def _add_search(parser: argparse.ArgumentParser, max_examples: int, unit: str) -> None:
-    """What every searching command takes: regimes, how many `unit` per regime, ranks, seed,
-    the per-rank timeout and the JSON output."""
+def _add_search(parser: argparse.ArgumentParser, max_examples: int | None, unit: str) -> None:
+    """What every searching command takes: regimes, how many `unit` per regime (None: `unit`
+    says the defaults), ranks, seed, the per-rank timeout and the JSON output."""
     parser.add_argument("--regime", action="append", choices=(*REGIMES, "all"), metavar="REGIME",
                         help=f"regime to check, repeatable: {', '.join(REGIMES)}, or all "
                              f"(default: {', '.join(DEFAULT_REGIMES)}; {', '.join(HAZARD_REGIMES)} "
                              "is a hazard regime, checked only when named or with all)")
     parser.add_argument("--max-examples", type=_positive_int, default=max_examples,
-                        help=f"{unit} drawn per regime (default %(default)s)")
+                        help=f"{unit} drawn per regime"
+                             + (" (default %(default)s)" if max_examples else ""))
     parser.add_argument("--max-ranks", type=int, default=DEFAULT_MAX_RANKS,
                         help=f"largest PCP size P drawn, {MIN_RANKS}..{MAX_RANKS} (default %(default)s)")
     parser.add_argument("--seed", type=int, help="random seed (default: derandomized, repeatable)")
@@ -230,11 +232,20 @@ def parser() -> argparse.ArgumentParser:
     _add_exhaustive(check)
     _add_shard(check)
     _add_async(check)
-    diff = commands.add_parser("diff", help="compare two versions of the gather on the same cases")
+    diff = commands.add_parser("diff", help="compare two versions of the gather, or two vLLM "
+                                            "trees' whole PCP paths, on the same cases")
     diff.add_argument("old", metavar="OLD", help="the version the search's outcomes are compared "
-                                                 "against: a .py file, module:function or impl")
-    diff.add_argument("new", metavar="NEW", help="the changed version, in the same forms")
-    _add_common(diff)
+                                                 "against: a .py file, module:function or impl; "
+                                                 "or a vLLM tree, as vllm takes it")
+    diff.add_argument("new", metavar="NEW", help="the changed version, in the same form")
+    # two vLLM trees (what `vllm` takes) run the same steps through both whole paths
+    _add_common(diff, None, f"cases (default {DEFAULT_MAX_EXAMPLES}), or steps where OLD and NEW "
+                            f"are vLLM trees (default {DEFAULT_RELEASE_EXAMPLES}),")
+    diff.add_argument("--html", metavar="DIR|NAME.html",
+                      help="two vLLM trees: write the comparison as a page (DIR/index.html)")
+    diff.add_argument("--replay", metavar="CASE_JSON",
+                      help="two vLLM trees: rerun this one step on both (a difference's replay "
+                           "line)")
     _add_vllm(commands)
     merge = commands.add_parser("merge", help="join the --json results of a run's --shard parts "
                                               "into one verdict")
@@ -265,6 +276,11 @@ def _add_vllm(commands) -> None:
                            "them with the release's own computation")
     vllm.add_argument("--repro-dir", metavar="DIR",
                       help="with --steps: write a standalone pytest reproducer per violated step")
+    vllm.add_argument("--changed-against", metavar="BASE",
+                      help="also list the lines SOURCE changes against BASE (a git revision of "
+                           "the checkout, or a second tree: a release, a wheel, a checkout) and "
+                           "which the steps ran; one no step ran is reported not exercised, "
+                           "which leaves the exit code the verdict's")
 
 
 def _refuse_a_mistyped_command(word: str) -> None:
@@ -301,14 +317,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if args.command == "vllm" and args.steps:  # its findings are text: nothing else applies
         given = [f"--{name.replace('_', '-')}" for name in ("json", "junit", "summary", "html",
                                                             "baseline", "replay", "empty_steps",
-                                                            "exhaustive", "scope")
+                                                            "exhaustive", "scope",
+                                                            "changed_against")
                  if getattr(args, name)]
         if given:
             raise UsageError(f"--steps takes none of {', '.join(given)}")
+    if args.command == "vllm" and args.replay and args.changed_against:
+        raise UsageError("--changed-against applies to a search (a step's replay runs one step)")
     if args.command == "vllm" and args.repro_dir and not args.steps:
         raise UsageError("--repro-dir applies to --steps (a drawn step's replay line is its "
                          "reproducer)")
-    if args.command in ("check", "vllm") and args.replay:  # malformed: exit 2 before anything starts
+    if args.command in ("check", "vllm", "diff") and args.replay:  # malformed: exit 2 at once
         from pcpcheck.api import read_case
         try:
             args.replay = read_case(args.replay)

@@ -10,6 +10,9 @@ fails with the counterexample as its message, is skipped where the invariant doe
 xfails when `--pcp-baseline` lists it. The check of a target runs once, on its first item. A
 `--pcp-vllm` source (a checkout, a wheel, a release: what `pcpcheck vllm` takes) is judged as
 `pcpcheck vllm` judges it, so its items include LAYOUT, the manager's layout.
+`--pcp-changed-against BASE` lists, after the run, which lines each `--pcp-vllm` source changes
+against BASE and which of them no step ran, in the terminal summary and, where
+`$GITHUB_STEP_SUMMARY` is set, in GitHub's job summary (information: no item fails for it).
 
 The `pcpcheck` fixture runs `pcpcheck.check` for a custom test:
 
@@ -54,6 +57,11 @@ def pytest_addoption(parser) -> None:
     group.addoption("--pcp-function", metavar="NAME", help="the gather's name in each target")
     group.addoption("--pcp-only", action="store_true",
                     help="run pcpcheck's items alone: no conftest.py, no test file, no ini addopts")
+    group.addoption("--pcp-changed-against", metavar="BASE",
+                    help="with --pcp-vllm: list the lines each source changes against BASE (a git "
+                         "revision of the checkout, or a second tree) and which of them ran, as "
+                         "`pcpcheck vllm --changed-against`: in the terminal summary, and "
+                         "appended to $GITHUB_STEP_SUMMARY where it is set")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own hook loads the initial conftest.py files
@@ -116,9 +124,34 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         # collected as pytest collects a file: its report counts the items (the terminal's
         # "collected N items", JUnit, xdist) and a failure to collect is reported, not raised
         collector = kind.from_parent(session, name=name, nodeid=name, target=target)
+        config.stash.setdefault(_COLLECTORS, []).append(collector)
         report = collector.ihook.pytest_make_collect_report(collector=collector)
         collector.ihook.pytest_collectreport(report=report)
         items.extend(node for node in report.result if isinstance(node, pytest.Item))
+
+
+_COLLECTORS = pytest.StashKey[list]()  # every target's collector, for the terminal summary
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    """--pcp-changed-against: each checked source's changed lines, which ran and which no step
+    did (pcpcheck.render.changed_lines), never a verdict: the items hold those."""
+    results = [collector._result for collector in config.stash.get(_COLLECTORS, [])
+               if collector._result is not None and collector._result.release is not None
+               and collector._result.release.changes is not None]
+    if not results:
+        return
+    from pcpcheck.render.changed_lines import changed_markdown, changed_text
+    for result in results:
+        terminalreporter.write_sep("=", f"pcpcheck: changed lines of {result.target}")
+        for line in changed_text(result)[1:]:  # its section's leading blank line dropped
+            terminalreporter.write_line(line)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:  # GitHub's job summary, as the Action's `pcpcheck vllm --summary` fills it
+        with open(summary, "a", encoding="utf-8") as handle:
+            for result in results:
+                handle.write(f"### pcpcheck: {result.target_name}\n"
+                             + "\n".join(changed_markdown(result)) + "\n")
 
 
 class CheckFailed(Exception):
@@ -178,7 +211,8 @@ class ReleaseCollector(TargetCollector):
 
     def check(self, **options):
         from pcpcheck.api import check_release
-        return check_release(self.target, **options)
+        return check_release(self.target, **options,
+                             changed_against=self.config.getoption("pcp_changed_against"))
 
 
 class CheckItem(pytest.Item):

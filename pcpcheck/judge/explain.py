@@ -12,7 +12,15 @@ from pcpcheck.judge import race
 from pcpcheck.judge.release_case import ReleaseObservation, capabilities
 from pcpcheck.shared.case import describe
 from pcpcheck.shared.protocol import ReleaseInfo, split_function
-from pcpcheck_spec.names import ASYNC_ORDER, DCP, HAZARD_REGIMES, INCOMPLETE, LAYOUT, NO_ROW
+from pcpcheck_spec.names import (
+    ASYNC_ORDER,
+    DCP,
+    DRAFT_REGIMES,
+    HAZARD_REGIMES,
+    INCOMPLETE,
+    LAYOUT,
+    NO_ROW,
+)
 
 
 def label(value: int) -> str:
@@ -210,8 +218,10 @@ def release_counterexample(release: ReleaseInfo, regime: str, observation: Relea
     if observation.kv_group:
         lines.insert(2, "  KV group 1, replicated under DCP (dcp_sharded False: every rank writes "
                         "every token, judged by REPLICA): the calls below are that group's")
+    laid_out_by = ("draft path (its speculators' slot map)" if regime in DRAFT_REGIMES
+                   else "PCPManager")
     for rank, diff in sorted(observation.layout_diffs.items()):
-        lines.append(f"  {LAYOUT}: rank {rank}'s PCPManager differs from the reference:")
+        lines.append(f"  {LAYOUT}: rank {rank}'s {laid_out_by} differs from the reference:")
         lines += ["    " + line.replace("\n", "\n    ") for line in diff]
     lines.append("  replay: " + release_replay_command(release, observation))
     return "\n".join(lines)

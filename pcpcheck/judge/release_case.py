@@ -39,6 +39,9 @@ class ReleaseObservation(Observation):
     real_stages: tuple[str, ...] = ()  # the path's stages that ran the release's code on this step
     kv_group: int = 0  # the KV-cache group whose gather call `ranks` shows (1: the replicated one)
     kv_groups: int = 1  # the KV-cache groups whose gather calls were judged
+    # every KV-cache group's views, first group first, where the step made a second call
+    # (a tree diff compares them all; `ranks` shows only one)
+    kv_views: tuple[list[RankView], ...] = ()
 
 
 def _prepared(case: Case, steps: list, fallback, era: str) -> Prepared:
@@ -72,7 +75,8 @@ def _step(result) -> dict | None:
         if step is None or not isinstance(step.get("entry", ""), str):
             return None
         if step.get("layout_error") is not None:
-            return {"layout_error": str(step["layout_error"])[:300], "entry": str(step["entry"])}
+            return {"layout_error": str(step["layout_error"])[:300], "entry": str(step["entry"]),
+                    "kernels": step.get("kernels") is True}
         if not all(isinstance(v, int) for v in step["tokens"] + step["slot_map"]) \
                 or not isinstance(step["nd"], int):
             return None
@@ -91,6 +95,12 @@ def observe_release_case(case: Case, release: ReleaseInfo, backend) -> ReleaseOb
 def run_release_cases(cases, release: ReleaseInfo, backend):
     """The engine's run_many for a release: the steps streamed through the backend's worker
     (several in flight, as run.run_cases streams a gather's cases), each judged here."""
+    for case, results in release_results(cases, release, backend):
+        yield judge_release_case(case, results, release)
+
+
+def release_results(cases, release: ReleaseInfo, backend):
+    """(case, its ranks' reports) per step, streamed through the backend's worker, unjudged."""
     pending = []
 
     def steps():
@@ -99,7 +109,7 @@ def run_release_cases(cases, release: ReleaseInfo, backend):
             yield ReleaseStep(case)
 
     for results in backend.run_many(steps(), release):
-        yield judge_release_case(pending.pop(0), results, release)
+        yield pending.pop(0), results
 
 
 def judge_release_case(case: Case, results, release: ReleaseInfo) -> ReleaseObservation:
@@ -113,33 +123,37 @@ def judge_release_case(case: Case, results, release: ReleaseInfo) -> ReleaseObse
     lay = reference.layout(batch, era=caps.era)
     prepared = _prepared(case, [s if s and not s.get("layout_error") else None for s in steps],
                          lay, caps.era)
-    expected = expected_views(batch, caps, lay) if expanded else None
+    # a draft step is laid out by the release where its own draft path ran (release_draft)
+    laid_out = expanded or (caps.draft_path and any(s and s.get("kernels") for s in steps))
+    expected = (expected_views(batch, caps, lay) if expanded else
+                (lambda rank: {"unexpanded": lay.slot_maps[rank].tolist()}) if laid_out else None)
     conforms = BY_ID[LAYOUT].predicate
     layout_bad, diffs, views = [], {}, []
     for rank, (result, step) in enumerate(zip(results, steps)):
         if step is not None and step.get("layout_error"):
             why = step["layout_error"]
-            if expanded:
+            if laid_out:
                 layout_bad.append(rank)
-                diffs[rank] = [f"the manager raised: {why}"]
+                diffs[rank] = [f"the {'manager' if expanded else 'draft path'} raised: {why}"]
             views.append(RankView(error=f"no call: {why}", trace=result.trace,
                                   caches=[{} for _ in case.tensors],
                                   rows=[[] for _ in case.tensors]))
             continue
-        if expected is not None and step is not None:
-            want = expected(rank)
-            if not conforms(want, step["layout"]):
+        if expected is not None and step is not None and (expanded or step.get("kernels")):
+            want, got = expected(rank), step["layout"]
+            if not isinstance(got, dict) or not conforms(want, got):  # none sent: none built
                 layout_bad.append(rank)
-                diffs[rank] = differences(want, step["layout"])
+                diffs[rank] = differences(want, got) if isinstance(got, dict) else [
+                    "no layout reported"]
         views.append(observe(prepared, rank, result))  # a rank that never reported: its trace says
     checked: tuple[str, ...]
     if any(step is not None and step.get("layout_error") for step in steps):
-        violations = [Violation(LAYOUT if expanded else RETURNS, layout_bad or [
+        violations = [Violation(LAYOUT if laid_out else RETURNS, layout_bad or [
             r for r, s in enumerate(steps) if s is not None and s.get("layout_error")])]
-        checked = (LAYOUT,) if expanded else (RETURNS,)
+        checked = (LAYOUT,) if laid_out else (RETURNS,)
     else:
         violations, checked = judge(prepared, views)
-        if expanded:
+        if laid_out:
             checked = (LAYOUT, *checked)
             if layout_bad:
                 violations.insert(0, Violation(LAYOUT, layout_bad))
@@ -172,10 +186,12 @@ def _with_replicated_group(observation: ReleaseObservation, results, steps
     views = [observe(second, rank, call) for rank, call in enumerate(calls)]
     violations, checked = judge(second, views, REPLICATED)
     checked = tuple(dict.fromkeys(observation.checked + checked))
+    both = (observation.ranks, views)
     if violations and not observation.violations:
         return dataclasses.replace(observation, prepared=second, ranks=views,
-                                   violations=violations, checked=checked, kv_group=1, kv_groups=2)
-    return dataclasses.replace(observation, checked=checked, kv_groups=2,
+                                   violations=violations, checked=checked, kv_group=1, kv_groups=2,
+                                   kv_views=both)
+    return dataclasses.replace(observation, checked=checked, kv_groups=2, kv_views=both,
                                violations=observation.violations + violations)
 
 
@@ -208,8 +224,9 @@ def _real_stages(steps: list, expanded: bool, entry: str, release: ReleaseInfo,
     stages = [BATCH_ORDER] if ordered else []
     if expanded:
         stages.append(MANAGER_STAGE)
-        if all(s.get("kernels") is True for s in reported):
-            stages.append(SLOT_MAPPING)
+    if all(s.get("kernels") is True for s in reported):  # a draft step's: its draft path's
+        stages.append(SLOT_MAPPING)
+    if expanded:
         if all(s.get("split") is True for s in reported):
             stages.append(SPLIT)
     if entry and entry != release.function_name:

@@ -8,7 +8,8 @@ missing and unexpected slots highlighted. The invariant ID heads the page in a r
 
 For a release (`pcpcheck vllm`), a lines page shows each real file of the path table, its source
 read again from the release (only where its sha256 is still the one the run read), each line of
-its functions marked: green where a traced step ran it, red where none did.
+its functions marked: green where a traced step ran it, red where none did; with
+`--changed-against`, every changed line edged blue, one of a function no step ran orange.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 
 from pcpcheck.judge import race
 from pcpcheck.judge.explain import label
+from pcpcheck.render.changed_lines import elsewhere, no_step_ran, tried
 from pcpcheck.render.report import (
     cell,
     checked_ids,
@@ -25,9 +27,11 @@ from pcpcheck.render.report import (
     lines_traced,
     not_applicable_notes,
 )
+from pcpcheck.render.tree_report import sides_text
 from pcpcheck.shared.case import describe
+from pcpcheck.shared.changed import NOT_COUNTED, NOT_EXERCISED, PATH, RAN
 from pcpcheck.shared.errors import SourceError
-from pcpcheck.shared.results import Counterexample
+from pcpcheck.shared.results import Counterexample, TreeDiffResult
 from pcpcheck.shared.source import from_spec
 
 BANNER = "#c8102e"  # the violated invariant's banner: tests look for this colour in a screenshot
@@ -36,6 +40,11 @@ KNOWN = "#f5b041"  # a known (baselined) violation's cell in the index's verdict
 # these colours in a screenshot)
 LINE_RUN = "#c6efc6"
 LINE_NOT_RUN = "#f8c9c9"
+LINE_NOT_EXERCISED = "#f5a623"  # --changed-against: a changed line of a function no step ran
+LINE_CHANGED = "#1f4e9c"  # the edge of every changed line
+# a changed line's row class and mark, by its reach (pcpcheck.shared.changed)
+_CHANGED_ROW = {RAN: ("run changed", "+"), NOT_EXERCISED: ("unexercised changed", "!"),
+                NOT_COUNTED: ("changed", "")}
 FOLDED_LINES = 12  # a stretch of this many lines outside every function is folded away
 
 _STYLE = f"""
@@ -83,6 +92,10 @@ table.source tr.run td {{ background: {LINE_RUN}; }}
 table.source tr.notrun td {{ background: {LINE_NOT_RUN}; }}
 span.run {{ background: {LINE_RUN}; padding: 0 4px; }}
 span.notrun {{ background: {LINE_NOT_RUN}; padding: 0 4px; }}
+table.source tr.unexercised td {{ background: {LINE_NOT_EXERCISED}; }}
+table.source tr.changed td.n {{ border-left: 5px solid {LINE_CHANGED}; color: #222; }}
+span.unexercised {{ background: {LINE_NOT_EXERCISED}; padding: 0 4px; }}
+span.changed {{ border-left: 5px solid {LINE_CHANGED}; padding: 0 4px; }}
 """
 
 
@@ -247,7 +260,9 @@ def lines_page(result) -> str:
             "ran; unmarked: outside every function's body (it runs at import) or not a statement"
             "</p>",
             f'<p class="note">lines run: {html.escape(lines_traced(record))}</p>',
-            _lines_table(record.lines, "")]
+            *_changed_notes(result), _lines_table(record.lines, "")]
+    changed = {entry.file: {line.line: reach for line, reach in entry.lines}
+               for entry in record.changed() if entry.where == PATH}
     for number, entry in enumerate(record.lines, 1):
         body.append(f'<h2 id="file-{number}">{html.escape(entry.file)} <small>'
                     f"{len(entry.run)}/{len(entry.functions)} lines run</small></h2>")
@@ -261,8 +276,25 @@ def lines_page(result) -> str:
             body.append(f'<p class="note">source not shown: {html.escape(why)}; lines run: '
                         f'{", ".join(map(str, entry.run)) or "none"}</p>')
             continue
-        body.append(_source_table(number, text, set(entry.run), set(entry.functions)))
+        body.append(_source_table(number, text, set(entry.run), set(entry.functions),
+                                  changed.get(entry.file, {})))
     return _page(f"pcpcheck: lines run, {result.target_name}", "".join(body))
+
+
+def _changed_notes(result) -> list[str]:
+    """--changed-against on the lines page: what its marks say, and the changed files it does
+    not show (the text report's words, pcpcheck.render.changed_lines)."""
+    changes = result.release.changes
+    if changes is None:
+        return []
+    return [f'<p class="note" id="changed">Changed against {html.escape(changes.against)} '
+            f"({html.escape(changes.base)}): every changed line has a "
+            '<span class="changed">blue edge</span>; <span class="unexercised">! orange</span>: '
+            "a changed line of a function that no step ran (not exercised), "
+            f"{html.escape(no_step_ran(result.release))}; tried: {html.escape(tried(result))}; "
+            "a changed line unmarked otherwise is no statement or outside every function's "
+            "body (no claim)</p>",
+            *(f'<p class="note">{html.escape(line)}</p>' for line in elsewhere(result.release))]
 
 
 def _lines_table(lines, page: str) -> str:
@@ -275,9 +307,11 @@ def _lines_table(lines, page: str) -> str:
             f"{rows}</table>")
 
 
-def _source_table(number: int, text: str, run: set[int], functions: set[int]) -> str:
+def _source_table(number: int, text: str, run: set[int], functions: set[int],
+                  changed: dict[int, str] | None = None) -> str:
     """A file's lines, marked; a stretch of FOLDED_LINES or more without a line of a function
-    (imports, module constants, a docstring) folded away, a click opens it."""
+    or a changed line (`changed`: line -> its reach) (imports, module constants, a docstring)
+    folded away, a click opens it."""
     rows: list[tuple[str, int]] = []  # (a row, its first line)
     unmarked: list[tuple[str, int]] = []
 
@@ -295,6 +329,8 @@ def _source_table(number: int, text: str, run: set[int], functions: set[int]) ->
     for line, code in enumerate(text.splitlines(), 1):
         kind, mark = (("run", "+") if line in run else ("notrun", "x") if line in functions
                       else ("", ""))
+        if changed and line in changed:
+            kind, mark = _CHANGED_ROW[changed[line]]
         row = (f'<tr class="{kind}"><td class="n">{line}</td><td class="mark">{mark}</td>'
                f"<td>{html.escape(code)}</td></tr>", line)
         if kind:
@@ -384,7 +420,9 @@ def write_html(path: str, result) -> list[str]:
     page; return their paths, the index's first. `path`: a directory (made if need be) for
     index.html and the pages, or the index page itself, NAME.html (html_page), with the pages
     beside it named NAME-counterexample-..., NAME-lines.html (two indexes in one folder keep
-    their own pages)."""
+    their own pages). A TreeDiffResult: its one page (write_tree_diff_html)."""
+    if isinstance(result, TreeDiffResult):
+        return write_tree_diff_html(path, result)
     if html_page(path):
         directory, index_name = os.path.split(path)
         prefix = os.path.splitext(index_name)[0] + "-"
@@ -410,3 +448,82 @@ def write_html(path: str, result) -> list[str]:
     with open(index, "w", encoding="utf-8") as handle:
         handle.write(index_page(result, pages, lines_name))
     return [index, *paths]
+
+
+# --- a tree diff (`pcpcheck diff OLD NEW` for two vLLM trees) ---------------------------------------
+
+DIFFERENT_BANNER = "#e07000"  # the banner of a tree diff whose paths differ, both sides holding
+_TREE_BANNERS = {"same": ("no difference", "#2e7d32"),
+                 "different": ("DIFFERENT", DIFFERENT_BANNER), "violated": ("VIOLATED", BANNER)}
+
+
+def tree_diff_page(result) -> str:
+    """A TreeDiffResult's page: the verdict, a row per regime, and each differing step's first
+    differing stage with both sides' values side by side, rank by rank."""
+    word, colour = _TREE_BANNERS[result.verdict]
+    old, new = f"vLLM {result.old_release}", f"vLLM {result.new_release}"
+    body = [f'<div class="banner" id="verdict" style="background: {colour}">{word} '
+            f"<small>old {html.escape(old)}, new {html.escape(new)}</small></div>",
+            f'<p class="note">old = {html.escape(old)} ({html.escape(result.old)})<br>'
+            f"new = {html.escape(new)} ({html.escape(result.new)})<br>pcpcheck "
+            f"{html.escape(result.version)}, exit {result.exit_code}</p>"]
+    rows = []
+    for regime in result.regimes:
+        if regime.not_applicable:
+            rows.append(f'<tr><th>{html.escape(regime.regime)}</th><td class="na" colspan="4">'
+                        f"not applicable: {html.escape(regime.not_applicable)}</td></tr>")
+            continue
+        first = ", ".join(f"{stage} ({steps})" for stage, steps in regime.first_stages) or "-"
+        sides = html.escape(sides_text(regime))
+        marked = ' class="fail"' if regime.violated else ""
+        rows.append(f"<tr><th>{html.escape(regime.regime)}</th><td>{regime.steps}</td>"
+                    f"<td>{regime.differing}</td><td>{html.escape(first)}</td>"
+                    f"<td{marked}>{sides}</td></tr>")
+    body.append('<h2>Per regime</h2><table class="grid verdict" id="regimes"><tr><th></th>'
+                "<th>steps</th><th>differ</th><th>first differing stage</th><th>invariants</th>"
+                f"</tr>{''.join(rows)}</table>")
+    for regime in result.regimes:
+        for number, step in enumerate(regime.differences, 1):
+            body.append(_differing_step(regime.regime, number, step))
+        for violation in regime.violations:
+            also = (f" (the other side violates {', '.join(violation.other_violations)} too)"
+                    if violation.other_violations else "")
+            body.append(f"<h2>{html.escape(regime.regime)}: {violation.side} violates "
+                        f"{violation.invariant} where the paths agree{html.escape(also)}</h2>"
+                        f"<pre>{html.escape(violation.report)}</pre>")
+    return _page(f"pcpcheck diff: {old} vs {new}", "".join(body))
+
+
+def _differing_step(regime: str, number: int, step) -> str:
+    """One differing step: its batch, each side's verdict, the stage side by side."""
+    def verdict(violated) -> str:
+        if not violated:
+            return "holds every invariant"
+        return f'<span class="fail">violates {html.escape(", ".join(violated))}</span>'
+
+    cells = "".join(f"<tr><th>rank {rank.rank}</th><td>{html.escape(rank.old)}</td>"
+                    f"<td>{html.escape(rank.new)}</td></tr>" for rank in step.ranks)
+    parts = [f'<h2 id="difference-{html.escape(regime)}-{number}">{html.escape(regime)}: first '
+             f"difference at {html.escape(step.stage)}</h2>",
+             f'<p class="note">{html.escape(step.batch)}<br>old {verdict(step.old_violations)}; '
+             f"new {verdict(step.new_violations)}</p>",
+             f'<table class="grid verdict sides" style="font-family: monospace"><tr><th></th>'
+             f"<th>old</th><th>new</th></tr>{cells}</table>",
+             f"<pre>{html.escape(step.report)}</pre>"]
+    for side, report in (("old", step.old_report), ("new", step.new_report)):
+        if report:
+            parts.append(f"<p class=\"note\">{side}'s violation on this step:</p>"
+                         f"<pre>{html.escape(report)}</pre>")
+    return "".join(parts)
+
+
+def write_tree_diff_html(path: str, result) -> list[str]:
+    """A TreeDiffResult's page: `path` a directory (index.html in it) or the page itself."""
+    if html_page(path):
+        index = path
+    else:
+        os.makedirs(path, exist_ok=True)
+        index = os.path.join(path, "index.html")
+    with open(index, "w", encoding="utf-8") as handle:
+        handle.write(tree_diff_page(result))
+    return [index]

@@ -11,10 +11,11 @@ from pcpcheck.api.assemble import SAME_CHECK
 from pcpcheck.judge import coverage
 from pcpcheck.judge.explain import LEGEND
 from pcpcheck.judge.verdict import PROTOCOL_ONLY
+from pcpcheck.render.changed_lines import changed_text
 from pcpcheck.search.scope import parse_scope
-from pcpcheck.shared.protocol import LINES_MAX_GAP, MANAGER_STAGE, split_function
+from pcpcheck.shared.protocol import LINES_MAX_GAP, SLOT_MAPPING, split_function
 from pcpcheck.shared.results import NOT_EVALUATED
-from pcpcheck_spec.names import DCP, HAZARD_REGIMES, LAYOUT, REPLICA, SHARD
+from pcpcheck_spec.names import DCP, DRAFT_REGIMES, HAZARD_REGIMES, LAYOUT, REPLICA, SHARD
 from pcpcheck_spec.registry import ASYNC_IDS, BY_ID, GATHER_IDS, RELEASE_IDS
 
 
@@ -70,15 +71,17 @@ def not_applicable_reason(result, summary, invariant: str) -> str:
         if invariant in ASYNC_IDS:
             return (f"{invariant}: only an asynchronous protocol can break it, and it runs only "
                     f"where decodes are sharded (regime {', '.join(entry.regimes)})")
-        manager = next((stage for stage in result.release.paths if stage.stage == MANAGER_STAGE),
-                       None) if invariant == LAYOUT and result.release is not None else None
-        if manager is not None:  # the path table says which steps the release's manager lays out
-            return (f"{LAYOUT} under {regime}: its steps are not laid out by the release's "
-                    f"manager (path table, manager: {manager.reason})")
         return f"{invariant}: checked only in {', '.join(entry.regimes)}"
     if not summary.cases:
         return f"regime {regime}: no case ran" + (
             f" within the budget of {result.options.budget_s:g} s" if summary.budget_reached else "")
+    if invariant == LAYOUT and regime in DRAFT_REGIMES and result.release is not None:
+        slots = next((stage for stage in result.release.paths if stage.stage == SLOT_MAPPING),
+                     None)
+        if slots is not None:  # the path table says which draft steps the release lays out
+            return (f"{LAYOUT} under {regime}: no manager lays a draft step out, and none of its "
+                    f"maps was the release's own (path table, {SLOT_MAPPING}: "
+                    f"{slots.status}{', ' if slots.reason else ''}{slots.reason})")
     features = dict(summary.features)
     if invariant in ASYNC_IDS and not features.get(coverage.ASYNC_STARTED) and any(
             features.get(f) for f in coverage.ASYNC_FEATURES):
@@ -238,7 +241,7 @@ def result_text(result) -> str:
         lines.append(f"no longer found, remove from {result.baseline.path}: " + "; ".join(
             f"{regime} {invariant}" for regime, invariant in result.baseline.fixed))
     if result.release is not None:  # the verdict first, then where it comes from
-        lines += ["", *release_evidence(result)]
+        lines += ["", *release_evidence(result), *changed_text(result)]
     return "\n".join(lines)
 
 

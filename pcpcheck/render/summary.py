@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from pcpcheck.render.changed_lines import changed_markdown
 from pcpcheck.render.report import (
     cell,
     checked_ids,
@@ -75,4 +76,5 @@ def summary_markdown(result, written: dict[str, str] | None = None) -> str:
     if result.baseline and result.baseline.fixed:
         lines += ["", f"No longer found, remove from `{result.baseline.path}`: " + "; ".join(
             f"{regime} {invariant}" for regime, invariant in result.baseline.fixed)]
+    lines += changed_markdown(result)  # --changed-against: which changed lines ran
     return "\n".join(lines) + "\n"

@@ -175,6 +175,9 @@ class Capabilities:
     # the wrappers it has: every step enters through one (one tensor: the indexer's K; two: the
     # MLA latent cache), as its layers call them
     wrappers: tuple[str, ...] = ()
+    # its speculators compute a later draft step's unexpanded map with the block tables' own
+    # kernel (pcpcheck.worker.release_draft), and the kernels run here: draft maps are its own
+    draft_path: bool = False
 
     def replicated_group_call(self, regime: str) -> bool:
         """Whether a step of `regime` calls the gather a second time, for the second KV group,

@@ -13,6 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pcpcheck.shared.changed import Changes, FileReach, reach
 from pcpcheck.shared.defaults import (
     DEFAULT_BACKEND,
     DEFAULT_DEVICE,
@@ -188,9 +189,16 @@ class ReleaseRecord:
     # the steps of the run, and of them those the lines were recorded on (traced)
     lines_steps: int = 0
     lines_traced: int = 0
+    changes: Changes | None = None  # --changed-against: the lines a change touched
 
     def file_lines(self, relpath: str | None) -> FileLines | None:
         return next((entry for entry in self.lines if entry.file == relpath), None)
+
+    def changed(self) -> tuple[FileReach, ...]:
+        """Each changed file, each changed line with whether the run ran it (shared.changed)."""
+        if self.changes is None:
+            return ()
+        return reach(self.changes, self.lines, (relpath for relpath, _ in self.files))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -309,7 +317,9 @@ class CheckResult:
             "release": None if self.release is None else {
                 **asdict(self.release), "files": dict(self.release.files),
                 "adapted": list(self.release.adapted),
-                "lines": {entry.file: entry.to_json() for entry in self.release.lines}},
+                "lines": {entry.file: entry.to_json() for entry in self.release.lines},
+                "changes": None if self.release.changes is None
+                else self.release.changes.to_json(self.release.changed())},
         }, indent=2)
 
     @staticmethod
@@ -362,7 +372,9 @@ class CheckResult:
                 "paths": tuple(PathStage(**stage) for stage in data["release"].get("paths", ())),
                 "lines": tuple(FileLines(file=relpath, functions=tuple(entry["functions"]),
                                          run=tuple(entry["run"]))
-                               for relpath, entry in data["release"].get("lines", {}).items())}))
+                               for relpath, entry in data["release"].get("lines", {}).items()),
+                "changes": None if data["release"].get("changes") is None
+                else Changes.from_json(data["release"]["changes"])}))
 
 
 @dataclass(frozen=True)
@@ -407,3 +419,107 @@ class DiffResult:
         return json.dumps({"schema": document.pop("schema"), "kind": "diff",
                            "verdict": "different" if self.differs else "same", **document},
                           indent=2)
+
+
+# --- a tree diff: `pcpcheck diff OLD NEW` for two vLLM trees ---------------------------------------
+
+EXIT_DIFFERENT = 4  # a tree diff: the paths differ, both sides holding every invariant
+SIDES = ("old", "new")  # a tree diff's two trees, as its report and JSON name them
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageRank:
+    """One rank's value of a step's first differing stage, both sides as text."""
+
+    rank: int
+    old: str
+    new: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DifferingStep:
+    """The smallest step found whose paths first differ at `stage`."""
+
+    stage: str
+    case: str  # the drawn step (Case JSON): `pcpcheck diff OLD NEW --replay CASE`
+    batch: str  # the step in one line
+    ranks: tuple[StageRank, ...]  # the stage's values side by side, per rank where they differ
+    old_value: tuple[Any, ...]  # the stage's value per rank, plain data
+    new_value: tuple[Any, ...]
+    old_violations: tuple[str, ...]  # the invariants each side violates on it (none: holds)
+    new_violations: tuple[str, ...]
+    old_report: str  # a side's counterexample report where it violates, else ""
+    new_report: str
+    replay: str  # the command that reruns the step on both trees
+    report: str  # the text
+    flaky: tuple[int, int] | None = None  # (replays, how many showed this stage) if not all did
+
+
+@dataclass(frozen=True, kw_only=True)
+class SideViolation:
+    """A side's violation on a step where the two paths agree (both sides alike, or one side
+    failing without a difference the stages show): the smallest such step."""
+
+    side: str  # old | new
+    invariant: str
+    case: str
+    replay: str  # `pcpcheck vllm SIDE --replay` of that side's step
+    report: str  # the side's counterexample report
+    other_violations: tuple[str, ...] = ()  # what the other side violates on the same step
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegimeTreeDiff:
+    regime: str
+    steps: int = 0  # steps run on both trees (shrinking included)
+    differing: int = 0  # of which the paths differ at some stage
+    first_stages: tuple[tuple[str, int], ...] = ()  # (stage, steps first differing there), path order
+    violated: tuple[tuple[str, str, int], ...] = ()  # (side, invariant, steps violating it)
+    differences: tuple[DifferingStep, ...] = ()  # per first stage, the smallest step, smallest first
+    violations: tuple[SideViolation, ...] = ()
+    not_applicable: str | None = None  # which side cannot reach the regime, and why
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class TreeDiffResult:
+    version: str
+    old: str  # each tree's location (a wheel, a checkout)
+    new: str
+    old_release: str  # each tree's version, as it states it
+    new_release: str
+    options: Options
+    regimes: tuple[RegimeTreeDiff, ...]
+    seconds: float = 0.0
+    schema: int = SCHEMA_VERSION
+
+    @property
+    def differs(self) -> bool:
+        return any(r.differing for r in self.regimes)
+
+    @property
+    def violated(self) -> bool:
+        return any(r.violated for r in self.regimes)
+
+    @property
+    def verdict(self) -> str:
+        return "violated" if self.violated else "different" if self.differs else "same"
+
+    @property
+    def exit_code(self) -> int:
+        """1 a violation on either side (as everywhere in pcpcheck), 4 a difference with both
+        sides holding, 0 no difference."""
+        return (EXIT_VIOLATION if self.violated else EXIT_DIFFERENT if self.differs
+                else EXIT_HOLDS)
+
+    def to_json(self) -> str:
+        document = asdict(self)
+        for regime, record in zip(document["regimes"], self.regimes):
+            regime["first_stages"] = dict(record.first_stages)
+            regime["violated"] = {side: {invariant: steps for s, invariant, steps
+                                         in record.violated if s == side}
+                                  for side in SIDES}
+            for found in regime["differences"] + regime["violations"]:
+                found["case"] = json.loads(found["case"])
+        return json.dumps({"schema": document.pop("schema"), "kind": "tree-diff",
+                           "verdict": self.verdict, **document}, indent=2)

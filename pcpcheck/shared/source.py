@@ -72,6 +72,14 @@ class Source:
             names = self.__dict__["_names"] = frozenset(self._wheel().NameToInfo)
         return names
 
+    def files_under(self, prefix: str) -> list[str]:
+        """The relpaths of this tree's files under the folder `prefix` (ending in '/'), sorted."""
+        if self.kind == "wheel":
+            return sorted(name for name in self._wheel_names() if name.startswith(prefix))
+        root = Path(self.location)
+        return sorted(path.relative_to(root).as_posix()
+                      for path in (root / prefix).rglob("*") if path.is_file())
+
     def module_file(self, module: str) -> tuple[str, bool] | None:
         """(relpath, is_package) of a dotted module's source file in this tree, else None (a C
         extension, or not part of it)."""
@@ -199,3 +207,15 @@ def resolve(source: str) -> Source:
         raise SourceError(f"{text}: no such file or directory")  # a path, not a version
     raise SourceError(f"{text!r}: not a release (0.33.0, vllm==0.33.0), a wheel, a checkout "
                       "or 'installed'")
+
+
+def names_a_tree(source: str | os.PathLike[str]) -> bool:
+    """Whether SOURCE names a vLLM tree (what `resolve` takes: a release, a wheel, a checkout,
+    `installed`) rather than a gather target (a .py file, module:function, impl); read from the
+    text and the file system alone, nothing fetched."""
+    text = os.fspath(source).strip()
+    path = Path(text).expanduser()
+    if text == "impl":  # the bundled gather, even where a folder of that name is at hand
+        return False
+    return (text == "installed" or path.is_dir() or text.endswith(".whl")
+            or (not path.exists() and _RELEASE.match(text) is not None))

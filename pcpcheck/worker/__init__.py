@@ -12,6 +12,7 @@ transport (tests/test_layers.py): what it sends back is plain data (pcpcheck.sha
 - release_code.py (a release's PCP path loaded, its capabilities, its manager laid out),
   release_step.py (one rank's step), release_batch.py (its partition_batch: a rank's local
   batch), release_kernels.py (its block tables and slot kernel under
-  triton's interpreter), release_excerpts.py (single functions cut from modules too big to load),
+  triton's interpreter), release_interpreter.py (that interpreter made cheaper, computing what
+  triton's own computes), release_excerpts.py (single functions cut from modules too big to load),
   release_paths.py (the path table: which stage ran the release's own code).
 """

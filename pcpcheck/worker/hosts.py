@@ -163,13 +163,15 @@ class ReleaseHost:
 
     @classmethod
     def load(cls, request: protocol.LoadRequest, worker) -> tuple[ReleaseHost | None, dict]:
+        from pcpcheck.shared.changed import CHANGED_LINES
         from pcpcheck.worker.release_code import release_from_spec
         from pcpcheck.worker.release_lines import LineRecorder
         spec = json.loads(request.source)
+        watch = spec.pop(CHANGED_LINES, None)  # the release itself, loaded once, is the spec's
         try:
             release = release_from_spec(spec)
             lines = LineRecorder(release.source, [stage["file"] for stage in release.paths or ()
-                                                  if stage["status"] == "real"])
+                                                  if stage["status"] == "real"], watch=watch)
         except BaseException as exc:  # noqa: BLE001 - SourceError, InterfaceDrift, anything else
             kind = type(exc).__name__
             text = str(exc).splitlines()[0] if str(exc) else kind

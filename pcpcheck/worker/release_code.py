@@ -47,6 +47,7 @@ from pcpcheck.worker.release_batch import (
 )
 from pcpcheck.worker.release_calls import CALLER_FILES, WrapperCall, wrapper_calls
 from pcpcheck.worker.release_config import MODEL_CONFIG, PARALLEL, regime_configs
+from pcpcheck.worker.release_draft import COMPUTE, draft_call_sites
 from pcpcheck.worker.release_excerpts import (
     BACKEND_UTILS,
     MODEL_RUNNER,
@@ -62,12 +63,20 @@ from pcpcheck.worker.release_kernels import (
     import_triton,
     load_block_tables,
     provide_kernels,
-    through_kernels,
 )
 from pcpcheck.worker.release_paths import path_table
 from pcpcheck.worker.standins import StandInSpace
 from pcpcheck_reference import ERA_CURRENT, ERA_V026
-from pcpcheck_spec.names import DCP, DRAFT, DRAFT_MIXED, REPLICATED, SHARDED, Batch, Request
+from pcpcheck_spec.names import (
+    DCP,
+    DRAFT,
+    DRAFT_MIXED,
+    DRAFT_REGIMES,
+    REPLICATED,
+    SHARDED,
+    Batch,
+    Request,
+)
 
 MLA_WRAPPER = "maybe_gather_mla_latent_cache_inputs"
 INDEXER_WRAPPER = "maybe_gather_indexer_k"
@@ -394,6 +403,13 @@ def load_release(source: Source | str) -> Release:
         adapted.append("BlockTables(dcp_sharded=[True, False]): the second KV group replicated "
                        "under DCP (compared by LAYOUT; its gather call, with that group's map, "
                        "judged by REPLICA, the first group's by SHARD)")
+    draft_sites = draft_call_sites(source) if kernels.real else []
+    if draft_sites and not all(regime in caps.not_applicable for regime in DRAFT_REGIMES):
+        caps.draft_path = True
+        adapted.append(f"draft steps: the speculators' own call of BlockTables.{COMPUTE} "
+                       f"({', '.join(draft_sites)}) on the global batch; the token count "
+                       "passed: the map's length (the rows where it is padded to its DP "
+                       "padding, the real tokens where not)")
     if kernels.real and kernels.dummies:
         caps.dummy_requests = True
         adapted.append("dummy requests: a step's graph padding rows reach the slot kernel as one "
@@ -413,7 +429,7 @@ def load_release(source: Source | str) -> Release:
     _probe(release)
     release.paths = path_table(source, gather_path, kernels.reason if not kernels.real else "",
                                bool(calls), unsorted, unsplit, caps.dummy_requests,
-                               local_batches.reason)
+                               local_batches.reason, draft_sites if caps.draft_path else [])
     return release
 
 
@@ -451,9 +467,10 @@ def _probe(release: Release) -> None:
 # The release's manager laid out on CPU (a rank's view of a step)
 
 def kernel_step(release, batch: Batch) -> bool:
-    """Whether this step's slot maps come from the release's own kernels."""
-    dummies = 1 if release.step_dummies(batch) else 0
-    return release.kernels.real and through_kernels(batch, reference.dcp_size(batch), dummies)
+    """Whether this step's slot maps come from the release's own kernels: every step's, where
+    they run here (`release.kernels.real`); else the reference formula's, the path table says
+    why."""
+    return release.kernels.real
 
 
 def make_manager(release, batch: Batch, rank: int):

@@ -21,19 +21,18 @@ inputs (the interpreter is slow; ranks of a D = 1 step compute the same map).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import inspect
 import os
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from pcpcheck.shared.errors import InterfaceDrift, LoadError
 from pcpcheck.shared.step_inputs import group_blocks
 from pcpcheck.worker.loader import exec_release_file
+from pcpcheck.worker.release_interpreter import MASK_CAST, adapt
 from pcpcheck.worker.standins import INSTALL_KERNELS, StandInSpace
 from pcpcheck_spec.names import Batch
 
@@ -43,29 +42,11 @@ if TYPE_CHECKING:  # annotations only
 BLOCK_TABLE = "vllm/v1/worker/gpu/block_table.py"
 BUFFER_UTILS = "vllm/v1/worker/gpu/buffer_utils.py"
 NO_TRITON = f"triton is not installed ({INSTALL_KERNELS})"
-MASK_CAST = ("triton interpreter: int8 masks (from `~sharded | is_local` over bool tensors) cast "
-             "to bool in its masked load/store")
 ROW_SLACK = 8  # block-table entries past the longest request's blocks (zeros)
 # Filled BlockTables kept per worker process, by their exact step inputs (with their slot
 # kernels' results): a whole regime's at 1,000 steps, so the next regime's same steps
 # (sharded then replicated draw the same ones, D = 1 in both) reuse them; about 40 KB each.
 CACHE_SIZE = 2048
-# The interpreter runs a kernel's programs one by one (milliseconds each): a step goes through
-# the release's kernels when it has at most KERNEL_REQUESTS requests and its slot-kernel
-# programs over its distinct ranks (D ranks, each one per request, one for a dummy request and
-# the padding one) number at most KERNEL_PROGRAMS; larger steps take the reference formula, and
-# the report counts both. A step's path depends only on the step, so replays and shrinking
-# agree; shrunk steps are small. 3 and 12 keep `pcpcheck vllm 0.33.0`'s defaults within 3
-# minutes on 2 shared cores (benchmarks/README.md, issue 20).
-KERNEL_REQUESTS = 3
-KERNEL_PROGRAMS = 12
-
-
-def through_kernels(batch: Batch, dcp_size: int, dummies: int = 0) -> bool:
-    """Whether this step's slot maps come from the release's kernels (see KERNEL_PROGRAMS);
-    `dummies`: dummy requests the kernel is given besides the step's (one program each)."""
-    requests = len(batch.requests)
-    return requests <= KERNEL_REQUESTS and dcp_size * (requests + dummies + 1) <= KERNEL_PROGRAMS
 
 
 def masks_dummy_requests(text: str) -> bool:
@@ -88,123 +69,8 @@ def import_triton():
         from triton.runtime import interpreter
     except ImportError:
         return None
-    _cast_masks_to_bool(interpreter)
-    _patch_language_once(interpreter, tl)
-    _skip_inert_overflow_checks(interpreter, tl)
-    _memoize_numpy_dtypes(interpreter)
+    adapt(interpreter, tl)  # once per process: pcpcheck.worker.release_interpreter
     return triton, tl
-
-
-def _skip_inert_overflow_checks(interpreter, tl) -> None:
-    """The interpreter checks every int32 add, sub and mul for overflow (sanitize_overflow:
-    both sides cast to int64, the op again, two compares) and hands the result to
-    device_assert, which asserts nothing unless its options say debug: the check then has no
-    effect but its cost (a quarter of a slot kernel's). Switched off only where this triton's
-    device_assert is shown to ignore a false condition (a version that asserts keeps it)."""
-    builder = interpreter.interpreter_builder
-    try:
-        if builder.options.debug or not builder.options.sanitize_overflow:
-            return
-        false = tl.tensor(interpreter.TensorHandle(np.array([False]), tl.int1), tl.int1)
-        interpreter.interpreter_semantic.device_assert(false, "pcpcheck probe", None)
-        builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
-    except (AttributeError, AssertionError, TypeError):
-        return  # not this triton's interpreter, or its device_assert asserts: checks stay
-
-
-def _memoize_numpy_dtypes(interpreter) -> None:
-    """The interpreter maps a triton type to its numpy dtype by building a dict of every type
-    on each call (about ten times per op); the answer depends only on the type's class and name
-    and, for a block or pointer, its element type's class: kept per those."""
-    to_numpy = interpreter._get_np_dtype
-    if getattr(to_numpy, "_pcpcheck_memoized", False):
-        return
-    known: dict[tuple, Any] = {}
-
-    def memoized(tt_dtype):
-        try:
-            key = (type(tt_dtype), tt_dtype.name, type(getattr(tt_dtype, "element_ty", None)))
-        except AttributeError:  # no triton type: triton's own answer (its error)
-            return to_numpy(tt_dtype)
-        found = known.get(key)
-        if found is None:
-            found = known[key] = to_numpy(tt_dtype)
-        return found
-
-    memoized._pcpcheck_memoized = True  # type: ignore[attr-defined]
-    interpreter._get_np_dtype = memoized
-
-
-def _patch_language_once(interpreter, tl) -> None:
-    """triton's interpreter patches triton.language for every kernel launch and every call of a
-    jit helper (`_patch_lang`), finding its builtins anew each time (inspect.getmembers over
-    the language modules: most of a small launch's CPU). The patches it makes are found once
-    per set of language modules a kernel sees, then replayed on each launch and restored after
-    it, as before: outside a launch the language stays as triton left it. A helper called
-    inside a launch that sees no other language module patches nothing: its patches are on
-    already (any other call is triton's own)."""
-    if getattr(interpreter, "_pcpcheck_patched_once", False):
-        return
-    patch_lang = interpreter._patch_lang
-    found: dict[frozenset[int], list[tuple[Any, str, Any]]] = {}  # langs -> (obj, name, value)
-    on: list[frozenset[int]] = []  # the language modules of the replays not restored yet
-
-    class Replayed:
-        def __init__(self, langs: frozenset[int], patches: list[tuple[Any, str, Any]]):
-            self._langs = langs
-            self._originals = [(obj, name, getattr(obj, name, interpreter._MISSING))
-                               for obj, name, _ in patches]
-            for obj, name, value in patches:
-                setattr(obj, name, value)
-            on.append(langs)
-
-        def restore(self) -> None:
-            for obj, name, original in reversed(self._originals):
-                if original is interpreter._MISSING:
-                    delattr(obj, name)
-                else:
-                    setattr(obj, name, original)
-            on.remove(self._langs)
-
-    class AlreadyOn:
-        def restore(self) -> None:
-            pass
-
-    def replayed_patch_lang(fn):
-        langs = frozenset(id(value) for value in fn.__globals__.values()
-                          if value is tl or value is tl.core)
-        if on:  # a jit helper called inside a launch
-            return AlreadyOn() if langs and any(langs <= active for active in on) \
-                else patch_lang(fn)
-        patches = found.get(langs)
-        if patches is None:
-            scope = patch_lang(fn)  # triton's own: what it patches, with the values it sets
-            patched = dict.fromkeys((obj, name) for obj, name, _ in scope._changes)
-            patches = [(obj, name, getattr(obj, name)) for obj, name in patched]
-            scope.restore()
-            found[langs] = patches
-        return Replayed(langs, patches)
-
-    interpreter._patch_lang = replayed_patch_lang
-    interpreter._pcpcheck_patched_once = True
-
-
-def _cast_masks_to_bool(interpreter) -> None:
-    builder = interpreter.InterpreterBuilder
-    if getattr(builder, "_pcpcheck_masks_cast", False):
-        return
-    load, store = builder.create_masked_load, builder.create_masked_store
-
-    def as_bool(mask):
-        if mask.data.dtype == bool:
-            return mask
-        return interpreter.TensorHandle(mask.data.astype(bool), mask.dtype)
-
-    builder.create_masked_load = lambda self, ptrs, mask, other, cache, volatile: load(
-        self, ptrs, as_bool(mask), other, cache, volatile)
-    builder.create_masked_store = lambda self, ptrs, value, mask, cache: store(
-        self, ptrs, value, as_bool(mask), cache)
-    builder._pcpcheck_masks_cast = True
 
 
 def provide_kernels(space: StandInSpace, triton, tl) -> None:
@@ -341,6 +207,5 @@ def load_block_tables(source: Source, space: StandInSpace, triton_loaded: bool) 
     return path
 
 
-__all__ = ["BLOCK_TABLE", "BUFFER_UTILS", "BlockTablesPath", "NO_TRITON", "KERNEL_PROGRAMS",
-           "KERNEL_REQUESTS", "import_triton", "load_block_tables", "masks_dummy_requests",
-           "provide_kernels", "through_kernels", "UnpinnedTorch"]
+__all__ = ["BLOCK_TABLE", "BUFFER_UTILS", "BlockTablesPath", "NO_TRITON", "import_triton",
+           "load_block_tables", "masks_dummy_requests", "provide_kernels", "UnpinnedTorch"]

@@ -18,14 +18,16 @@ from pcpcheck.shared.protocol import SPLIT as SPLIT_STAGE
 from pcpcheck.shared.source import MANAGER
 from pcpcheck.worker.release_batch import PARTITION
 from pcpcheck.worker.release_excerpts import BACKEND_UTILS, MODEL_RUNNER, SORT, SPLIT, SPLIT_FLAGS
-from pcpcheck.worker.release_kernels import BLOCK_TABLE, KERNEL_PROGRAMS, KERNEL_REQUESTS
+from pcpcheck.worker.release_kernels import BLOCK_TABLE
 
 
 def path_table(source, gather_path: str, unkerneled: str, has_wrappers: bool, unsorted: str,
-               unsplit: str, dummies: bool = False, unpartitioned: str = "") -> list[dict]:
+               unsplit: str, dummies: bool = False, unpartitioned: str = "",
+               draft_sites: list[str] | None = None) -> list[dict]:
     """Per stage: `real` (the release's file and its sha256 run it; `reason` says where it does
     not reach) or `modeled` (pcpcheck's restatement; `reason` says why). The `un...` arguments
-    say why a stage is not the release's ("" where it is)."""
+    say why a stage is not the release's ("" where it is); `draft_sites`: the speculators'
+    slot-map calls that lay draft steps out (pcpcheck.worker.release_draft), where they run."""
     def real(stage, relpath, scope=""):
         return {"stage": stage, "status": "real", "file": relpath,
                 "sha256": source.hashes.get(relpath, ""), "reason": scope}
@@ -34,10 +36,13 @@ def path_table(source, gather_path: str, unkerneled: str, has_wrappers: bool, un
         return {"stage": stage, "status": "modeled", "file": None, "sha256": None,
                 "reason": reason}
 
-    expanded_only = "expanded regimes; draft steps take the reference's unexpanded map"
+    expanded_only = ("expanded regimes; a later draft step runs on the global batch, which no "
+                     "manager lays out")
     flags = ", ".join(f"{key}={value}" for key, value in SPLIT_FLAGS.items())
-    kernel_scope = (f"{expanded_only}; steps of at most {KERNEL_REQUESTS} requests and "
-                    f"{KERNEL_PROGRAMS} slot-kernel programs, larger ones the reference formula"
+    drafts = (f"draft steps through the speculators' own call ({', '.join(draft_sites)})"
+              if draft_sites else "draft steps take the reference's unexpanded map")
+    kernel_scope = ("every step of the expanded regimes, through the manager's "
+                    f"prepare_slot_mappings; {drafts}"
                     + ("; graph padding rows given as a dummy request (idx_mapping -1)"
                        if dummies else ""))
     return [
@@ -52,7 +57,8 @@ def path_table(source, gather_path: str, unkerneled: str, has_wrappers: bool, un
             if not unpartitioned else f"_build_batch_layout alone ({PARTITION} not run: "
                                       f"{unpartitioned}); {expanded_only}")),
         real(SPLIT_STAGE, BACKEND_UTILS, f"{SPLIT} alone, with the MLA builder's defaults "
-                                         f"under PCP: {flags}; {expanded_only}")
+                                         f"under PCP: {flags}; expanded regimes (a draft "
+                                         "step's nd is its regime's: spec/SPEC.md)")
         if not unsplit else modeled(SPLIT_STAGE, f"{unsplit}: the rank's leading decode rows"),
         real(WRAPPER, gather_path, "called as its layers call it: one tensor through the "
                                    "indexer's (k cut to the slot map's tokens first, as "

@@ -15,7 +15,9 @@ View fields (every list plain ints/bools): rows (per rank: global token ids in r
 num_decode_tokens (per rank: leading decode rows), width (W), gidx (padded gather index, P*W),
 wmask (KV write mask), restore (hidden restore index, N), replicated (per request; only where
 the release has `replicated_requests`), expanded (per KV-cache group: the expanded slot map the
-manager builds from the global map with `_convert_to_gathered_slot_mappings`).
+manager builds from the global map with `_convert_to_gathered_slot_mappings`). A draft step
+laid out by the release's own draft path (pcpcheck.worker.release_draft) has one field instead:
+unexpanded (the first KV-cache group's map its speculators compute; None where it is not).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pcpcheck.worker.release_code import (
     release_from_spec,
 )
 from pcpcheck.worker.release_config import regime_configs
+from pcpcheck.worker.release_draft import draft_slot_map
 from pcpcheck.worker.release_excerpts import step_order
 from pcpcheck.worker.runner import CollectiveAborted, RankOutcome
 from pcpcheck_spec.names import DCP, DRAFT_REGIMES, SHARDED, Batch
@@ -82,9 +85,12 @@ def rank_layout(case: Case, release: Release, rank: int) -> dict:
     """This rank's layout view (expanded regimes: from its own manager) and gather inputs."""
     batch = case.batch
     if batch.regime in DRAFT_REGIMES:  # later draft steps: replicated, unexpanded (sem section 2)
-        lay = reference.layout(batch)
-        return {"layout": None, "tokens": lay.tokens[rank].tolist(),
-                "slot_map": lay.slot_maps[rank].tolist(),
+        lay = reference.layout(batch)  # its rows: the global batch, every rank the same
+        draft: dict | None = None
+        if release.caps.draft_path and kernel_step(release, batch):  # the speculators' own map
+            draft = {"unexpanded": draft_slot_map(release, batch)}
+        return {"layout": draft, "tokens": lay.tokens[rank].tolist(),
+                "slot_map": lay.slot_maps[rank].tolist() if draft is None else draft["unexpanded"],
                 "nd": int(lay.num_decode_tokens[rank]), "shard": False}
     view, local = manager_view(release, batch, rank)
     if local.num_tokens > view["width"]:
@@ -116,8 +122,8 @@ def rank_step(case_json: str, source_spec: dict, rank: int) -> dict:
         "split": False, "slot_map1": None, "group1": None}
     try:
         case, report["order"] = in_release_order(case, release)
-        report["kernels"] = (case.batch.regime not in DRAFT_REGIMES
-                             and kernel_step(release, case.batch))
+        report["kernels"] = kernel_step(release, case.batch) and (
+            case.batch.regime not in DRAFT_REGIMES or release.caps.draft_path)
         report.update(rank_layout(case, release, rank))
     except Exception as exc:  # noqa: BLE001 - the release's manager failed on a well-formed step
         report["layout_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
