@@ -131,6 +131,11 @@ def test_the_cli_exits_1_on_the_changed_kernel_and_0_on_the_release(wheel, tmp_p
     changed, release = _changed_exits_1_release_exits_0(wheel, tmp_path, capsys, OWNERSHIP)
     assert "LAYOUT violated" in changed
     assert f"    {SLOT_MAPPING:<27} real     {BLOCK_TABLE}" in release, release
+    # the kernel ran on every step of both regimes, whatever its size: no "on N of M steps"
+    rows = release.splitlines()
+    row = rows.index(next(r for r in rows if r.startswith(f"    {SLOT_MAPPING:<27} real")))
+    assert rows[row + 1].strip().startswith("(every step of the expanded regimes, through the "
+                                            "manager's prepare_slot_mappings"), rows[row + 1]
 
 
 # A gather that skips the gather when its map has more written slots than the rank has rows (a
@@ -160,6 +165,7 @@ def test_the_replicated_kv_group_is_judged_by_replica(wheel, tmp_path):
     assert not release.counterexamples, release.verdicts()
     (regime,) = release.regimes
     assert regime.checked[REPLICA] == regime.checked[SHARD] == regime.cases > 0
+    assert dict(regime.real_stages)[SLOT_MAPPING] == regime.cases  # every step, any size
     assert dict(regime.features)["several KV groups"] == regime.cases
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -108,24 +109,38 @@ def _patch_language_once(interpreter, tl) -> None:
         return
     patch_lang = interpreter._patch_lang
     plans = Plans(interpreter, tl)
-    found: dict[frozenset[int], list[tuple[Any, str, Any]]] = {}  # langs -> (obj, name, value)
+    found: dict[frozenset[int], Grouped] = {}  # the language modules a kernel sees -> patches
     on: list[frozenset[int]] = []  # the language modules of the replays not restored yet
 
     class Replayed:
-        def __init__(self, langs: frozenset[int], patches: list[tuple[Any, str, Any]]):
+        """One launch's patches on (a module's in one dict update), restored by `restore`."""
+
+        def __init__(self, langs: frozenset[int], patches: Grouped):
             self._langs = langs
-            self._originals = [(obj, name, getattr(obj, name, interpreter._MISSING))
-                               for obj, name, _ in patches]
-            for obj, name, value in patches:
+            missing = interpreter._MISSING
+            self._modules = []
+            for names, values in patches.modules:
+                self._modules.append((names, {name: names.get(name, missing)
+                                              for name in values}))
+                names.update(values)
+            self._others = [(obj, name, getattr(obj, name, missing))
+                            for obj, name, _ in patches.others]
+            for obj, name, value in patches.others:
                 setattr(obj, name, value)
             on.append(langs)
 
         def restore(self) -> None:
-            for obj, name, original in reversed(self._originals):
-                if original is interpreter._MISSING:
+            missing = interpreter._MISSING
+            for obj, name, original in reversed(self._others):
+                if original is missing:
                     delattr(obj, name)
                 else:
                     setattr(obj, name, original)
+            for names, originals in self._modules:
+                names.update(originals)
+                for name, original in originals.items():
+                    if original is missing:
+                        del names[name]
             on.remove(self._langs)
 
     class AlreadyOn:
@@ -142,8 +157,8 @@ def _patch_language_once(interpreter, tl) -> None:
         if patches is None:
             scope = patch_lang(fn)  # triton's own: what it patches, with the values it sets
             patched = dict.fromkeys((obj, name) for obj, name, _ in scope._changes)
-            patches = [(obj, name, plans.planned(obj, name, getattr(obj, name)))
-                       for obj, name in patched]
+            patches = Grouped([(obj, name, plans.planned(obj, name, getattr(obj, name)))
+                               for obj, name in patched])
             scope.restore()
             found[langs] = patches
         return Replayed(langs, patches)
@@ -151,6 +166,22 @@ def _patch_language_once(interpreter, tl) -> None:
     interpreter._patch_lang = replayed_patch_lang
     interpreter._pcpcheck_patched_once = True
     interpreter._pcpcheck_plans = plans
+
+
+class Grouped:
+    """A launch's patches (object, name, value), those of plain modules as one dict per module
+    (set and restored with one `dict.update`: what setattr on a module does, without a call
+    per name), the rest (classes) one by one."""
+
+    def __init__(self, patches: list[tuple[Any, str, Any]]) -> None:
+        by_module: dict[int, tuple[dict, dict]] = {}
+        self.others: list[tuple[Any, str, Any]] = []
+        for obj, name, value in patches:
+            if type(obj) is types.ModuleType:
+                by_module.setdefault(id(obj), (vars(obj), {}))[1][name] = value
+            else:
+                self.others.append((obj, name, value))
+        self.modules = list(by_module.values())
 
 
 def _cast_masks_to_bool(interpreter) -> None:
@@ -181,6 +212,12 @@ class _Unplanned(Exception):
 
 _UNPLANNED: Any = object()  # a signature recorded as not plannable
 _TENSOR_FIELDS = frozenset({"handle", "shape", "numel", "type", "dtype"})
+
+
+def _changed(was: dict, now: dict) -> bool:
+    """Whether a dict of attributes differs from its earlier copy (a value replaced, added or
+    removed: compared by identity, never by value)."""
+    return was.keys() != now.keys() or any(now[key] is not value for key, value in was.items())
 
 
 def _shared(handles: list) -> tuple[int, ...]:
@@ -268,7 +305,7 @@ class Plans:
             options = builder.options
             if options_seen.get(id(options)) is not options:
                 options_seen[id(options)] = options  # kept: its id stays its own
-            key: list[Any] = [names, id(options)]
+            key = [names, id(options)]
             handles = []
             try:
                 for value in values:
@@ -368,7 +405,8 @@ class Plans:
 
     # --- recording ------------------------------------------------------------------------
 
-    def _record(self, patch, args, kwargs, values, key, table):
+    def _record(self, patch: Callable, args: tuple, kwargs: dict, values: tuple, key: tuple,
+                table: dict) -> Any:
         """The call as triton's own, its builder calls recorded; its plan (or _UNPLANNED) kept."""
         tensor = self._tl.core.tensor
         where: dict[int, tuple[str, int]] = {}  # id(handle or result) -> ("arg"|"call", index)
@@ -420,6 +458,10 @@ class Plans:
         def write_data(handle, data):
             handle.__dict__["data"] = data
 
+        # what the call could change of its arguments besides through the builder: a plan
+        # would not change it again
+        before = [(dict(vars(value)), dict(value.handle.attr)) for value in values
+                  if value.__class__ is tensor]
         for name in self._methods:
             setattr(builder, name, recorder(name, getattr(builder, name)))
         handle_class.data = property(read_data, write_data)
@@ -432,6 +474,9 @@ class Plans:
             for name in self._methods:
                 delattr(builder, name)
         self.recorded += 1
+        after = [(vars(value), value.handle.attr) for value in values if value.__class__ is tensor]
+        if any(_changed(was, now) for pair in zip(before, after) for was, now in zip(*pair)):
+            problems.append("an argument changed")
         plan = _UNPLANNED
         if not problems:
             try:
