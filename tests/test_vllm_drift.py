@@ -11,8 +11,9 @@ import pytest
 from pcpcheck.api import check_release
 from pcpcheck.shared.errors import LoadError
 from pcpcheck.shared.source import GATHERS, MANAGER
+from pcpcheck.worker.release_builder import BUILDER
 from pcpcheck.worker.release_calls import CALLER_FILES
-from pcpcheck.worker.release_excerpts import BACKEND_UTILS
+from pcpcheck.worker.release_excerpts import BACKEND_UTILS, MODEL_RUNNER
 from pcpcheck_spec.names import DCP, REPLICATED, SHARDED
 from tests.test_vllm_kernels import checkout
 
@@ -115,6 +116,32 @@ def test_the_wrappers_keyword_renamed_with_its_callers_holds(wheel_0_34, tmp_pat
     result = check_release(root, regimes=(SHARDED, DCP), max_examples=15, max_ranks=3)
     assert result.verdicts() == {SHARDED: "holds", DCP: "holds"}
     assert result.release.capabilities["wrapper_shard_keyword"] == "shard_decodes"
+
+
+def test_the_managers_keyword_renamed_with_its_builder_holds(wheel_0_34, tmp_path):
+    """The manager is built as the model runner builds it, through the manager file's own
+    maybe_build_pcp_manager (release_builder): its DCP-rank keyword renamed in the constructor
+    and the builder changes nothing a deployment computes (called by a remembered keyword, the
+    constructor lacked it: exit 2)."""
+    root = drifted(wheel_0_34, tmp_path / "manager",
+                   (MANAGER, "        dcp_rank: int = 0,\n", "        dcp_rank_in_group: int = 0,\n"),
+                   (MANAGER, "self.dcp_rank = dcp_rank\n", "self.dcp_rank = dcp_rank_in_group\n"),
+                   (MANAGER, "        dcp_rank=dcp_rank,\n", "        dcp_rank_in_group=dcp_rank,\n"))
+    result = check_release(root, regimes=(DCP, REPLICATED), max_examples=15, max_ranks=3)
+    assert result.verdicts() == {DCP: "holds", REPLICATED: "holds"}
+    assert any(note.startswith(f"PCPManager built by its {BUILDER}(")
+               for note in result.release.adapted), result.release.adapted
+
+
+def test_a_builder_argument_pcpcheck_cannot_give_exits_2_naming_it(wheel_0_34, tmp_path):
+    """The model runner passes the builder something new: no remembered answer stands in."""
+    root = drifted(wheel_0_34, tmp_path / "builder",
+                   (MANAGER, "    cls: type[PCPManager] = PCPManager,\n",
+                    "    cls: type[PCPManager] = PCPManager,\n    moe_config=None,\n"),
+                   (MODEL_RUNNER, "            cls=self.pcp_manager_cls,\n",
+                    "            cls=self.pcp_manager_cls,\n            moe_config=self.moe_config,\n"))
+    with pytest.raises(LoadError, match=f"{BUILDER}: its caller .* passes 'moe_config'"):
+        _verdicts(root)
 
 
 def test_an_internal_renamed_without_its_callers_exits_2_naming_it(wheel, tmp_path):

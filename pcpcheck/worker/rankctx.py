@@ -36,6 +36,12 @@ def bound_group(group):
     return _bound(_group, group)
 
 
+def bound_group_or(default):
+    """The calling rank's PCP group where one is bound, else `default`."""
+    group = _group.get()
+    return default if group is None else group
+
+
 def current_dcp():
     """The rank's DCP group, None where the step bound none."""
     return _dcp.get()
@@ -69,3 +75,13 @@ class SoloGroup:
 
 
 SOLO = SoloGroup()
+
+
+class RankPosition:
+    """A rank's place in a group of `size`, for code that reads only that (the manager's builder,
+    `rank_in_group`) where the rank is laid out alone, outside a worker's ranks: no collective."""
+
+    def __init__(self, rank: int, size: int):
+        self.rank_in_group = self.rank = self.local_rank = rank
+        self.world_size = size
+        self.ranks = tuple(range(size))

@@ -76,7 +76,7 @@ def gather_shard(module_source: str, wrapper: str, gather: str, shard: str) -> s
         parameters = {a.arg for a in (*function.args.posonlyargs, *function.args.args,
                                       *function.args.kwonlyargs)}
         for node in ast.walk(function):
-            if isinstance(node, ast.Call) and _callee(node) == gather:
+            if isinstance(node, ast.Call) and callee(node) == gather:
                 passed = next((k.value for k in node.keywords if k.arg == shard),
                               node.args[3] if len(node.args) > 3 else None)
                 if isinstance(passed, ast.Name) and passed.id in parameters:
@@ -95,7 +95,7 @@ def wrapper_calls(source, gather_path: str, wrappers: dict[str, Callable],
             continue
         tree = ast.parse(source.read(relpath))
         for node in ast.walk(tree):
-            name = _callee(node) if isinstance(node, ast.Call) else None
+            name = callee(node) if isinstance(node, ast.Call) else None
             if name in wrappers:
                 assert isinstance(node, ast.Call) and name is not None
                 bound, config = _bind(node, wrappers[name], tree)
@@ -118,7 +118,7 @@ def wrapper_calls(source, gather_path: str, wrappers: dict[str, Callable],
     return calls
 
 
-def _callee(call: ast.Call) -> str | None:
+def callee(call: ast.Call) -> str | None:
     func = call.func
     return func.id if isinstance(func, ast.Name) else func.attr if isinstance(
         func, ast.Attribute) else None
@@ -231,7 +231,7 @@ def _passed(tree: ast.Module, function: str, index: int, name: str) -> list[ast.
     """What the file's calls of `function` pass for its parameter `name` (position `index`)."""
     passed = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and _callee(node) == function:
+        if isinstance(node, ast.Call) and callee(node) == function:
             keyword = next((k.value for k in node.keywords if k.arg == name), None)
             if keyword is not None:
                 passed.append(keyword)

@@ -15,6 +15,7 @@ internal pcpcheck needs that the release lacks is `InterfaceDrift`: one line nam
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import functools
@@ -34,7 +35,7 @@ from pcpcheck.shared.protocol import Capabilities
 from pcpcheck.shared.results import NOT_EVALUATED
 from pcpcheck.shared.source import GATHERS, MANAGER, Source, from_spec, resolve
 from pcpcheck.shared.step_inputs import dummy_tokens, global_maps, positions, step_arrays
-from pcpcheck.worker import deployment
+from pcpcheck.worker import deployment, rankctx
 from pcpcheck.worker.loader import Target, exec_release_file, make_target
 from pcpcheck.worker.release_batch import (
     LocalBatch,
@@ -45,6 +46,7 @@ from pcpcheck.worker.release_batch import (
     partition,
     partition_path,
 )
+from pcpcheck.worker.release_builder import BUILDER, ManagerBuilder, manager_builder
 from pcpcheck.worker.release_calls import CALLER_FILES, WrapperCall, wrapper_calls
 from pcpcheck.worker.release_config import MODEL_CONFIG, PARALLEL, regime_configs
 from pcpcheck.worker.release_draft import COMPUTE, draft_call_sites
@@ -166,6 +168,7 @@ class Release:
     paths: list[dict] | None = None  # the path table (path_table): which stage runs the release's code
     calls: dict[str, WrapperCall] = dataclasses.field(default_factory=dict)  # by wrapper
     space: StandInSpace | None = None  # its modules: its configuration classes are built per step
+    builder: ManagerBuilder | None = None  # how its model runner builds the manager, where it does
 
     @property
     def name(self) -> str:
@@ -255,15 +258,27 @@ def _draft_config(space: StandInSpace) -> SimpleNamespace:
     return spec
 
 
-def _synthetic_config(regime: str, pcp: int, dcp: int, speculative: bool, space: StandInSpace):
-    """A vllm_config for validate_config: the regime's own parallel, cache and scheduler
-    configuration (release_config: the release's classes where they run here), sparse MLA
-    (DeepSeek-V3.2: `MODEL_CONFIG`), no CUDA graphs, with single-module MTP drafts when
-    `speculative`."""
-    configs = regime_configs(space, regime, pcp, dcp, 1, 16)
+def _synthetic_config(regime: str, pcp: int, dcp: int, speculative: bool, space: StandInSpace,
+                      interleave: int = 1, block_size: int = 16, sizes: tuple[int, int] | None = None):
+    """A vllm_config for validate_config and the manager's builder: the regime's own parallel,
+    cache and scheduler configuration (release_config: the release's classes where they run
+    here), sparse MLA (DeepSeek-V3.2: `MODEL_CONFIG`), no CUDA graphs, with single-module MTP
+    drafts when `speculative`. `sizes`, a step's (max_num_seqs, max_num_batched_tokens): the
+    scheduler configuration gives them, and the parallel one is pcpcheck's model where it
+    contradicts the regime's decode sharding (a regime no configuration of the release makes,
+    said under adapted: `_configured`)."""
+    configs = regime_configs(space, regime, pcp, dcp, interleave, block_size)
+    parallel, scheduler = configs.parallel, configs.scheduler
+    if sizes is not None:
+        shards = getattr(parallel, "pcp_shard_decode_requests", regime == SHARDED)
+        if bool(shards) != (regime == SHARDED):
+            parallel = configs.modelled_parallel
+        scheduler = copy.copy(scheduler)  # the regime's, with the step's sizes (not validated)
+        for name, value in zip(("max_num_seqs", "max_num_batched_tokens"), sizes):
+            object.__setattr__(scheduler, name, value)
     return SimpleNamespace(
-        parallel_config=configs.parallel, cache_config=configs.cache,
-        scheduler_config=configs.scheduler,
+        parallel_config=parallel, cache_config=configs.cache,
+        scheduler_config=scheduler,
         model_config=SimpleNamespace(
             use_mla=True, is_encoder_decoder=False,
             hf_text_config=SimpleNamespace(index_topk=2048, model_type="deepseek_v32")),
@@ -313,9 +328,12 @@ def _rejects(manager, space: StandInSpace, regime: str, pcp: int, dcp: int, spec
 
 
 def _capabilities(manager, gather, calls: dict[str, WrapperCall], space: StandInSpace,
-                  adapted: list[str]) -> Capabilities:
+                  adapted: list[str], built: bool) -> Capabilities:
+    """`built`: the release's own builder makes its managers (the constructor's keywords are
+    its business); else pcpcheck calls the constructor, by the keywords it must have."""
     init = _params(manager.__init__)
-    for name in ("pcp_world_size", "pcp_rank", "device", "dcp_world_size", "dcp_rank"):
+    for name in () if built else ("pcp_world_size", "pcp_rank", "device", "dcp_world_size",
+                                  "dcp_rank"):
         if name not in init:
             raise InterfaceDrift(f"PCPManager.__init__ has no parameter {name!r}")
     layout = _params(_require("PCPManager", manager, "_build_batch_layout"))
@@ -388,13 +406,16 @@ def load_release(source: Source | str) -> Release:
                 + "".join(f"; {parameter} = {expression}" for parameter, expression
                           in call.config.items()) for call in calls.values()]
     adapted += [*regime_configs(space, REPLICATED, 2, 1, 1, 16).lines(), MODEL_CONFIG]
-    caps = _capabilities(manager, gather, calls, space, adapted)
+    local_batches = partition_path(manager_module, manager)
+    builder = manager_builder(source, manager_module, MODEL_RUNNER, local_batches.real)
+    caps = _capabilities(manager, gather, calls, space, adapted, builder is not None)
     if caps.era == ERA_V026:
         adapted.append("no PCPManager.replicated_requests: judged by the 0.26 layout model")
     if not caps.graph_padding:
         adapted.append("_build_batch_layout has no padded_num_tokens: no graph padding drawn")
     kernels = _check_block_tables(kernels, manager, adapted)
-    local_batches = partition_path(manager_module, manager)
+    adapted.append(builder.note() if builder is not None else
+                   f"PCPManager(...) called by pcpcheck: no {BUILDER} its model runner calls")
     adapted.append(local_batches.note if local_batches.real else
                    f"PCPManager.partition_batch not run: {local_batches.reason}; each rank's "
                    "gather gets the rows its layout's segments give, the split their boundaries")
@@ -425,11 +446,12 @@ def load_release(source: Source | str) -> Release:
     release = Release(source=source, manager=manager, gather_module=gather_module, gather=gather,
                       caps=caps, stand_ins=space.stood_in_by_reason(), adapted=adapted,
                       kernels=kernels, sort=sort, split=split, partition=local_batches,
-                      calls=calls, space=space)
+                      calls=calls, space=space, builder=builder)
     _probe(release)
     release.paths = path_table(source, gather_path, kernels.reason if not kernels.real else "",
                                bool(calls), unsorted, unsplit, caps.dummy_requests,
-                               local_batches.reason, draft_sites if caps.draft_path else [])
+                               local_batches.reason, draft_sites if caps.draft_path else [],
+                               builder.sites if builder is not None else ())
     return release
 
 
@@ -475,8 +497,11 @@ def kernel_step(release, batch: Batch) -> bool:
 
 def make_manager(release, batch: Batch, rank: int):
     """Rank `rank`'s PCPManager for the step's regime, on CPU, with the release's own block
-    tables for the step where they run (kernel_step)."""
+    tables for the step where they run (kernel_step): built as its model runner builds it where
+    it has a builder (release_builder), else by pcpcheck's call of its constructor."""
     dcp_size, dcp_rank = reference.dcp_size(batch), rank if batch.regime == DCP else 0
+    if release.builder is not None:
+        return _built(release, batch, rank, dcp_size, dcp_rank)
     kwargs: dict[str, Any] = dict(pcp_world_size=batch.pcp_size, pcp_rank=rank,
                                   device=torch.device("cpu"), dcp_world_size=dcp_size,
                                   dcp_rank=dcp_rank)
@@ -494,6 +519,33 @@ def make_manager(release, batch: Batch, rank: int):
             kwargs["block_tables"] = release.kernels.for_step(
                 batch, dcp_size, dcp_rank, max_tokens, release.caps.replicated_kv_group)
     return release.manager(**kwargs)
+
+
+def _built(release, batch: Batch, rank: int, dcp_size: int, dcp_rank: int):
+    """The manager from the release's own builder, given what its model runner passes: the
+    step's configuration (its scheduler's sizes the step's, as pcpcheck sizes the buffers), the
+    CPU, a text model, the step's block tables, the release's class; the rank's PCP group (in a
+    worker the rank's own; a rank laid out alone, its place) and its DCP group (D = P in dcp)."""
+    kernels = kernel_step(release, batch)
+    dummies = release.step_dummies(batch) if kernels else 0
+    max_tokens = max(sum(r.num_tokens for r in batch.requests) + dummies, batch.graph_size, 1)
+    max_reqs = max(len(batch.requests) + bool(dummies), 1)
+    tables = (release.kernels.for_step(batch, dcp_size, dcp_rank, max_tokens,
+                                       release.caps.replicated_kv_group) if kernels else None)
+    given = {"vllm_config": _synthetic_config(batch.regime, batch.pcp_size, dcp_size, False,
+                                              release.space, batch.interleave, batch.block_size,
+                                              (max_reqs, max_tokens)),
+             "device": torch.device("cpu"), "supports_mm_inputs": False, "block_tables": tables,
+             "cls": release.manager, "req_states": None}
+    builder = release.builder
+    pcp = rankctx.bound_group_or(rankctx.RankPosition(rank, batch.pcp_size))
+    with rankctx.bound_group(pcp), rankctx.bound_dcp(pcp if batch.regime == DCP else rankctx.SOLO):
+        manager = builder.build(**{name: given[name] for name in builder.passed})
+    if manager is None:
+        raise InterfaceDrift(f"{BUILDER} built no manager for PCP = {batch.pcp_size}")
+    if tables is not None and not builder.takes_block_tables:
+        manager.set_block_tables(tables)  # as its model runner does, once the tables exist
+    return manager
 
 
 def manager_view(release, batch: Batch, rank: int) -> tuple[dict, LocalBatch]:

@@ -17,17 +17,21 @@ from pcpcheck.shared.protocol import (
 from pcpcheck.shared.protocol import SPLIT as SPLIT_STAGE
 from pcpcheck.shared.source import MANAGER
 from pcpcheck.worker.release_batch import PARTITION
+from pcpcheck.worker.release_builder import BUILDER
 from pcpcheck.worker.release_excerpts import BACKEND_UTILS, MODEL_RUNNER, SORT, SPLIT, SPLIT_FLAGS
 from pcpcheck.worker.release_kernels import BLOCK_TABLE
 
 
 def path_table(source, gather_path: str, unkerneled: str, has_wrappers: bool, unsorted: str,
                unsplit: str, dummies: bool = False, unpartitioned: str = "",
-               draft_sites: list[str] | None = None) -> list[dict]:
+               draft_sites: list[str] | None = None, built_at: tuple[str, ...] = ()
+               ) -> list[dict]:
     """Per stage: `real` (the release's file and its sha256 run it; `reason` says where it does
     not reach) or `modeled` (pcpcheck's restatement; `reason` says why). The `un...` arguments
     say why a stage is not the release's ("" where it is); `draft_sites`: the speculators'
-    slot-map calls that lay draft steps out (pcpcheck.worker.release_draft), where they run."""
+    slot-map calls that lay draft steps out (pcpcheck.worker.release_draft), where they run;
+    `built_at`: the model runner's calls of the manager's builder (release_builder), where it
+    builds the managers."""
     def real(stage, relpath, scope=""):
         return {"stage": stage, "status": "real", "file": relpath,
                 "sha256": source.hashes.get(relpath, ""), "reason": scope}
@@ -52,6 +56,8 @@ def path_table(source, gather_path: str, unkerneled: str, has_wrappers: bool, un
         real(SLOT_MAPPING, BLOCK_TABLE, kernel_scope) if not unkerneled else modeled(
             SLOT_MAPPING, f"{unkerneled}: the reference formula (semantics section 3)"),
         real(MANAGER_STAGE, MANAGER, (
+            f"built by {BUILDER} as the model runner calls it ({', '.join(built_at)}); "
+            if built_at else "") + (
             f"{PARTITION} builds each rank's local batch (the gather's rows; the split's "
             f"boundaries and prefilling flags) through its _build_batch_layout; {expanded_only}"
             if not unpartitioned else f"_build_batch_layout alone ({PARTITION} not run: "
