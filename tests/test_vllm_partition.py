@@ -15,6 +15,8 @@ import pytest
 from pcpcheck.api import check_release
 from pcpcheck.shared.protocol import MANAGER_STAGE
 from pcpcheck.shared.source import MANAGER
+from pcpcheck.worker.release_builder import BUILDER
+from pcpcheck.worker.release_excerpts import MODEL_RUNNER
 from pcpcheck_spec.names import COLLECTIVE, DCP, PAIRING, REPLICA, REPLICATED, SHARD, SHARDED
 from tests.test_vllm_kernels import checkout
 
@@ -76,4 +78,6 @@ def test_the_release_holds_and_its_path_table_names_partition_batch(wheel_0_34, 
                            **OPTIONS)
     assert result.verdicts() == {regime: "holds" for regime in EXPANDED}
     row = next(p for p in result.release.paths if p.stage == MANAGER_STAGE)
-    assert row.status == "real" and row.reason.startswith("partition_batch builds"), row
+    assert row.status == "real" and row.reason.startswith(
+        f"built by {BUILDER} as the model runner calls it ({MODEL_RUNNER}:"), row
+    assert "; partition_batch builds each rank's local batch" in row.reason, row
