@@ -92,15 +92,24 @@ def elsewhere(record) -> list[str]:
     return found
 
 
-def changed_text(result) -> list[str]:
-    """The text report's section (after the path table); [] without --changed-against."""
+def _changed_path(result):
+    """(the release record, its changed files' entries, those of the path's files), None
+    without --changed-against."""
     record = result.release
     if record is None or record.changes is None:
+        return None
+    entries = record.changed()
+    return record, entries, [entry for entry in entries if entry.where == PATH]
+
+
+def changed_text(result) -> list[str]:
+    """The text report's section (after the path table); [] without --changed-against."""
+    found = _changed_path(result)
+    if found is None:
         return []
-    changes, entries = record.changes, record.changed()
-    lines = ["", f"changed lines against {changes.against} ({changes.base}), numbered as in the "
-                 "tree checked:"]
-    path = [entry for entry in entries if entry.where == PATH]
+    record, entries, path = found
+    lines = ["", f"changed lines against {record.changes.against} ({record.changes.base}), "
+                 "numbered as in the tree checked:"]
     if not path:
         lines.append("  no file of the path pcpcheck runs changed" if entries else
                      "  no Python file under vllm/ differs")
@@ -125,12 +134,12 @@ def changed_text(result) -> list[str]:
 
 def changed_markdown(result) -> list[str]:
     """The Markdown summary's section; [] without --changed-against."""
-    record = result.release
-    if record is None or record.changes is None:
+    found = _changed_path(result)
+    if found is None:
         return []
-    changes, entries = record.changes, record.changed()
-    lines = ["", f"#### Changed lines against `{changes.against}` ({changes.base})", ""]
-    path = [entry for entry in entries if entry.where == PATH]
+    record, _, path = found
+    lines = ["", f"#### Changed lines against `{record.changes.against}` "
+                 f"({record.changes.base})", ""]
     if path:
         lines += ["| file of the path | changed | ran | not exercised | not counted |",
                   "|---|---:|---:|---:|---:|"]

@@ -496,12 +496,19 @@ def kernel_step(release, batch: Batch) -> bool:
 
 
 def make_manager(release, batch: Batch, rank: int):
-    """Rank `rank`'s PCPManager for the step's regime, on CPU, with the release's own block
-    tables for the step where they run (kernel_step): built as its model runner builds it where
-    it has a builder (release_builder), else by pcpcheck's call of its constructor."""
+    """Rank `rank`'s PCPManager for the step's regime, on CPU, its buffers sized by the step,
+    with the release's own block tables for the step where they run (kernel_step): built as its
+    model runner builds it where it has a builder (release_builder), else by pcpcheck's call of
+    its constructor."""
     dcp_size, dcp_rank = reference.dcp_size(batch), rank if batch.regime == DCP else 0
+    kernels = kernel_step(release, batch)
+    dummies = release.step_dummies(batch) if kernels else 0
+    sizes = (max(len(batch.requests) + bool(dummies), 1),
+             max(sum(r.num_tokens for r in batch.requests) + dummies, batch.graph_size, 1))
+    tables = (release.kernels.for_step(batch, dcp_size, dcp_rank, sizes[1],
+                                       release.caps.replicated_kv_group) if kernels else None)
     if release.builder is not None:
-        return _built(release, batch, rank, dcp_size, dcp_rank)
+        return _built(release, batch, rank, sizes, tables)
     kwargs: dict[str, Any] = dict(pcp_world_size=batch.pcp_size, pcp_rank=rank,
                                   device=torch.device("cpu"), dcp_world_size=dcp_size,
                                   dcp_rank=dcp_rank)
@@ -509,32 +516,22 @@ def make_manager(release, batch: Batch, rank: int):
         kwargs["cp_interleave"] = batch.interleave
     if release.caps.manager_shards:
         kwargs["shard_decode_requests"] = batch.regime == SHARDED
-    kernels = kernel_step(release, batch)
     if kernels or release.partition.real:  # sizes its input buffers and slot-map buffers
-        dummies = release.step_dummies(batch) if kernels else 0
-        max_tokens = max(sum(r.num_tokens for r in batch.requests) + dummies, batch.graph_size, 1)
-        kwargs.update(max_num_reqs=max(len(batch.requests) + bool(dummies), 1),
-                      max_num_tokens=max_tokens)
+        kwargs.update(max_num_reqs=sizes[0], max_num_tokens=sizes[1])
         if kernels:
-            kwargs["block_tables"] = release.kernels.for_step(
-                batch, dcp_size, dcp_rank, max_tokens, release.caps.replicated_kv_group)
+            kwargs["block_tables"] = tables
     return release.manager(**kwargs)
 
 
-def _built(release, batch: Batch, rank: int, dcp_size: int, dcp_rank: int):
+def _built(release, batch: Batch, rank: int, sizes: tuple[int, int], tables):
     """The manager from the release's own builder, given what its model runner passes: the
-    step's configuration (its scheduler's sizes the step's, as pcpcheck sizes the buffers), the
-    CPU, a text model, the step's block tables, the release's class; the rank's PCP group (in a
-    worker the rank's own; a rank laid out alone, its place) and its DCP group (D = P in dcp)."""
-    kernels = kernel_step(release, batch)
-    dummies = release.step_dummies(batch) if kernels else 0
-    max_tokens = max(sum(r.num_tokens for r in batch.requests) + dummies, batch.graph_size, 1)
-    max_reqs = max(len(batch.requests) + bool(dummies), 1)
-    tables = (release.kernels.for_step(batch, dcp_size, dcp_rank, max_tokens,
-                                       release.caps.replicated_kv_group) if kernels else None)
-    given = {"vllm_config": _synthetic_config(batch.regime, batch.pcp_size, dcp_size, False,
-                                              release.space, batch.interleave, batch.block_size,
-                                              (max_reqs, max_tokens)),
+    step's configuration (its scheduler's max_num_seqs and max_num_batched_tokens the step's
+    `sizes`), the CPU, a text model, the step's block tables, the release's class; the rank's
+    PCP group (in a worker the rank's own; a rank laid out alone, its place) and its DCP group
+    (D = P in dcp)."""
+    given = {"vllm_config": _synthetic_config(batch.regime, batch.pcp_size,
+                                              reference.dcp_size(batch), False, release.space,
+                                              batch.interleave, batch.block_size, sizes),
              "device": torch.device("cpu"), "supports_mm_inputs": False, "block_tables": tables,
              "cls": release.manager, "req_states": None}
     builder = release.builder
