@@ -59,6 +59,9 @@ def main() -> None:
     print(f"{commit}: `python -m pytest` on a fresh clone and venv, beside {args.beside} "
           f"CPU-bound processes; load average {before} before, {_load()} after")
     print(f"  {lines[-1] if lines else '(no output)'} (exit {done.returncode})")
+    for line in lines:
+        if line.startswith(("FAILED ", "ERROR ")):
+            print(f"  {line}")
     print(f"  wall {wall:.1f} s; CPU {after.ru_utime - cpu.ru_utime + after.ru_stime - cpu.ru_stime:.1f} s")
     if args.keep:
         print(f"  kept: {scratch}")

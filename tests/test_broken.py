@@ -68,9 +68,11 @@ def test_the_shrunk_hang_is_the_smallest_step_that_hangs(function, pcp_size, tok
 
 
 def test_a_hang_that_does_not_come_back_is_reported_flaky(tmp_path, monkeypatch):
+    # a timeout no correct call comes near on a loaded machine (its replay, a fresh worker,
+    # must not time out: that would read as the hang reproduced)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     code, result = _check(tmp_path, "hangs_once", "--regime", SHARDED, "--max-examples", "20",
-                          "--timeout", "2")
+                          "--timeout", "5")
     assert code == 1
     (first,) = _shown(result)
     assert first["invariant"] == COLLECTIVE

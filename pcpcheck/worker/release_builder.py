@@ -2,8 +2,9 @@
 the manager file's own `maybe_build_pcp_manager(...)`, given what the model runner's call of it
 passes (read from `model_runner.py` by AST), so the constructor's keywords, and what they are
 read from (the parallel and scheduler configuration, the PCP and DCP groups), are the release's
-own, never a name pcpcheck remembers. A release without that builder, or whose model runner
-does not call it (0.26-0.29), is built by pcpcheck's call of `PCPManager(...)`.
+own, never a name pcpcheck remembers (every release 0.26.0-0.34.0 has both). A tree without
+that builder, or whose model runner does not call it, is built by pcpcheck's call of
+`PCPManager(...)`, and the report says so.
 """
 
 from __future__ import annotations
