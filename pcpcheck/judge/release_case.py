@@ -226,9 +226,8 @@ def _real_stages(steps: list, expanded: bool, entry: str, release: ReleaseInfo,
         stages.append(MANAGER_STAGE)
     if all(s.get("kernels") is True for s in reported):  # a draft step's: its draft path's
         stages.append(SLOT_MAPPING)
-    if expanded:
-        if all(s.get("split") is True for s in reported):
-            stages.append(SPLIT)
+    if expanded and all(s.get("split") is True for s in reported):
+        stages.append(SPLIT)
     if entry and entry != release.function_name:
         stages.append(WRAPPER)
     if entry:
