@@ -67,7 +67,7 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
         from pcpcheck.api.changed_against import changes_against
         changes = changes_against(tree, changed_against)
     progress = progress or Progress()
-    with make_runner("threads", timeout=timeout, world_sizes=None, device="cpu") as backend:
+    with release_runner(timeout) as backend:
         release = release_info(backend, spec)
         if changes is not None:
             release, changes = _watching(backend, release, spec, tree, changes)
@@ -82,6 +82,12 @@ def check_release(source, *, regimes=DEFAULT_REGIMES, max_examples: int = DEFAUL
                                replay_command(release, observation),
                                counterexample(release, regime, observation, replays)),
                            release=release_record(release, backend.lines_run, changes))
+
+
+def release_runner(timeout: float):
+    """The backend a release runs in: its own threads in one worker, on the CPU (pcpcheck's
+    deployment model stands in for the GPU)."""
+    return make_runner("threads", timeout=timeout, world_sizes=None, device="cpu")
 
 
 def release_info(backend, spec: dict):
@@ -138,7 +144,7 @@ def check_steps(source, steps, *, timeout: float = DEFAULT_TIMEOUT, shrink: bool
     files = [str(f) for f in recording_files(steps)]
     recorded = read_recording(steps)
     spec = resolve(os.fspath(source)).spec()
-    with make_runner("threads", timeout=timeout, world_sizes=None, device="cpu") as backend:
+    with release_runner(timeout) as backend:
         release = release_info(backend, spec)
         findings, judged = replay_steps(release, recorded, backend, shrink=shrink)
     version = release.release["release"]
@@ -157,7 +163,7 @@ def replay_release(source, case, *, timeout: float = DEFAULT_TIMEOUT) -> CheckRe
     if isinstance(case, str):
         case = read_case(case)
     spec = resolve(os.fspath(source)).spec()
-    with make_runner("threads", timeout=timeout, world_sizes=None, device="cpu") as backend:
+    with release_runner(timeout) as backend:
         release = release_info(backend, spec)
         observation = observe_release_case(case, release, backend)
         record = release_record(release, backend.lines_run)

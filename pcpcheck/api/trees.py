@@ -12,8 +12,8 @@ import time
 from collections import Counter
 from typing import cast
 
-from pcpcheck.api.common import make_runner, read_case, validate
-from pcpcheck.api.release import release_info
+from pcpcheck.api.common import read_case, validate
+from pcpcheck.api.release import release_info, release_runner
 from pcpcheck.judge.explain import release_counterexample, release_replay_command
 from pcpcheck.judge.tree_compare import (
     COMPARED_STAGES,
@@ -112,8 +112,7 @@ def replay_tree_diff(old, new, case, *, timeout: float = DEFAULT_TIMEOUT) -> Tre
 def _loaded(sources: tuple[Source, Source], timeout: float):
     """Each tree loaded in a threads backend of its own: (its ReleaseInfos, the BackendPair)."""
     with contextlib.ExitStack() as stack:
-        backends = [stack.enter_context(make_runner("threads", timeout=timeout, world_sizes=None,
-                                                    device="cpu")) for _ in sources]
+        backends = [stack.enter_context(release_runner(timeout)) for _ in sources]
         releases = tuple(release_info(backend, source.spec())
                          for backend, source in zip(backends, sources))
         yield releases, BackendPair(*backends)
