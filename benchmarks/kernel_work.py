@@ -138,7 +138,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seed", type=int, default=45)
     parser.add_argument("--builder", action="store_true",
-                        help="the builder's share of the kernel's CPU, `every, plans` alone")
+                        help="the builder's share of the kernel's time, `every, plans` alone")
     args = parser.parse_args()
     tally = {"cpu": 0.0, "wall": 0.0, "launches": 0, "programs": 0, "builder": 0.0, "calls": 0,
              "in_kernel": False}
@@ -191,6 +191,7 @@ def main() -> None:
                       f"less the timers' {added * 1e6:.2f} us a call; "
                       f"{builder / programs * 1000:.3f} ms a program)")
     release_code.kernel_step = every
+
 
 if __name__ == "__main__":
     main()
