@@ -35,6 +35,7 @@ from pcpcheck.search.draw import draw_case
 from pcpcheck.search.release_search import era_case
 from pcpcheck.shared.source import fetch_release
 from pcpcheck.worker import release_code
+from pcpcheck.worker.release_kernels import import_triton
 from pcpcheck.worker.release_step import in_release_order
 from pcpcheck_spec.names import DCP, REPLICATED, SHARDED
 
@@ -142,16 +143,14 @@ def main() -> None:
     args = parser.parse_args()
     tally = {"cpu": 0.0, "wall": 0.0, "launches": 0, "programs": 0, "builder": 0.0, "calls": 0,
              "in_kernel": False}
-    added = inside = 0.0  # seconds a builder timer adds to a call, and within its interval
-    if args.builder:
-        from pcpcheck.worker.release_kernels import import_triton
-        if import_triton() is None:
-            raise SystemExit("triton is not installed: pip install 'pcpcheck[kernels]'")
-        from triton.runtime import interpreter
-        added, inside = builder_timed(interpreter, tally)
-    release = release_code.load_release(str(fetch_release(args.release)))
+    if import_triton() is None:  # what load_release does first, here before any timer
+        raise SystemExit("triton is not installed: pip install 'pcpcheck[kernels]'")
     from triton.runtime import interpreter
 
+    added = inside = 0.0  # seconds a builder timer adds to a call, and within its interval
+    if args.builder:
+        added, inside = builder_timed(interpreter, tally)
+    release = release_code.load_release(str(fetch_release(args.release)))
     interpreter.GridExecutor.__call__ = counted(interpreter, tally)
     plans = interpreter._pcpcheck_plans
     every = release_code.kernel_step
